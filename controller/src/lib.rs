@@ -1,0 +1,13 @@
+//! The proxyplan controller: turns Services, EndpointSlices and Nodes into one
+//! `NodeProxyPlan` per node plus shared `ProxyPlanShard`s.
+//!
+//! The core ([`model`], [`select`], [`planner`]) is pure and synchronous; [`state_file`]
+//! and [`run`] are the edges that read files and talk to the API server.
+
+pub mod config;
+pub mod model;
+pub mod planner;
+pub mod select;
+
+pub use config::PlannerConfig;
+pub use planner::{Changes, DesiredObject, ObjectId, Planner};

@@ -1,0 +1,444 @@
+//! The proxyplan API: `NodeProxyPlan` (one per node) and `ProxyPlanShard` (service port
+//! entries shared by every node, or by the nodes of one zone).
+//!
+//! The controller writes specs; the agent merges, for its node, the node overlay over its
+//! zone's shards over the cluster shards, by service port key, and never evaluates policy.
+//!
+//! Scale invariants (DESIGN §2) shape these types:
+//! - a node plan names its shards but not their revisions, so an endpoint change that only
+//!   rewrites a shard does not rewrite every node plan;
+//! - overlays carry only the endpoint lists that differ on a node or zone, never a full entry;
+//! - nothing here lists nodes, so no object grows with the node count.
+
+mod revision;
+mod validate;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use revision::{revision_of, stable_hash};
+pub use validate::{MergedPlan, PlanError, merge};
+
+/// API group of every proxyplan kind.
+pub const GROUP: &str = "proxyplan.dev";
+/// API version of every proxyplan kind.
+pub const VERSION: &str = "v1alpha1";
+/// Label on every object the controller writes.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "proxyplan-controller";
+/// Label on a shard naming its scope (`cluster` or `zone`).
+pub const SCOPE_LABEL: &str = "proxyplan.dev/scope";
+/// Label on a zone shard naming the zone (sanitised to a label value).
+pub const ZONE_LABEL: &str = "proxyplan.dev/zone";
+
+/// Desired proxy state of one node: its identity and masquerade inputs, the shards it must
+/// merge and the entries whose endpoint lists differ on this node.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "proxyplan.dev",
+    version = "v1alpha1",
+    kind = "NodeProxyPlan",
+    shortname = "npp",
+    status = "NodeProxyPlanStatus",
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.nodeName"}"#,
+    printcolumn = r#"{"name":"Wanted","type":"string","jsonPath":".spec.revision"}"#,
+    printcolumn = r#"{"name":"Applied","type":"string","jsonPath":".status.appliedRevision"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Services","type":"integer","jsonPath":".status.servicePorts"}"#,
+    printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".status.endpoints"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProxyPlanSpec {
+    /// Name of the node this plan is for (equal to the object's name).
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: String,
+    /// Content hash of everything else in this spec; changes when, and only when, the
+    /// node-specific part of the plan changes. Shard revisions live in the shards.
+    #[schemars(length(min = 1, max = 64))]
+    pub revision: String,
+    /// The node's `topology.kubernetes.io/zone` label, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub zone: Option<String>,
+    /// The node's pod CIDRs (`spec.podCIDRs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 2),
+        inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
+    )]
+    pub pod_cidrs: Vec<String>,
+    /// The node's addresses (`status.addresses` of type InternalIP and ExternalIP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]
+    pub addresses: Vec<String>,
+    /// Which traffic counts as coming from inside the cluster, for masquerade decisions.
+    pub local_traffic: LocalTrafficDetection,
+    /// Shards this node merges, cluster shards first, then its zone's shards.
+    #[schemars(length(max = 1024))]
+    pub shards: Vec<ShardRef>,
+    /// Endpoint lists that differ on this node (Local traffic policies, PreferSameNode
+    /// hints). Sorted by key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlay: Vec<EndpointOverride>,
+}
+
+/// How the agent tells in-cluster traffic from off-cluster traffic.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalTrafficDetection {
+    /// Where the CIDRs came from.
+    pub mode: LocalTrafficMode,
+    /// Sources inside these CIDRs are in-cluster; empty means detection is off (and
+    /// traffic to cluster IPs is not masqueraded unless `masqueradeAll`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 8),
+        inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
+    )]
+    pub cidrs: Vec<String>,
+}
+
+/// Source of the local-traffic CIDRs (kube-proxy's `--detect-local-mode`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum LocalTrafficMode {
+    /// The cluster CIDRs given to the controller.
+    ClusterCIDR,
+    /// This node's pod CIDRs.
+    NodeCIDR,
+}
+
+/// A shard a node must merge.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardRef {
+    /// Name of the `ProxyPlanShard`.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Status written by the node's agent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProxyPlanStatus {
+    /// `Ready` and `Degraded`, by Kubernetes conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The plan revision last applied to the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_revision: Option<String>,
+    /// Revisions of the shards last applied, by shard name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub applied_shards: BTreeMap<String, String>,
+    /// Service ports programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_ports: Option<u32>,
+    /// Endpoints programmed (over all service ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<u32>,
+    /// Proxy mode of the agent (`iptables` or `ipvs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Duration of the last sync, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_duration_seconds: Option<f64>,
+    /// Version of the agent that wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+}
+
+/// Service port entries shared by all nodes (scope `Cluster`) or by the nodes of one zone
+/// (scope `Zone`). Service ports are spread over shards by a stable hash of their Service.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "proxyplan.dev",
+    version = "v1alpha1",
+    kind = "ProxyPlanShard",
+    shortname = "pps",
+    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
+    printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.zone"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPlanShardSpec {
+    /// Who merges this shard.
+    pub scope: ShardScope,
+    /// The zone, for scope `Zone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub zone: Option<String>,
+    /// Content hash of everything else in this spec.
+    #[schemars(length(min = 1, max = 64))]
+    pub revision: String,
+    /// Full service port entries (cluster shards only). Sorted by key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_ports: Vec<ServicePortPlan>,
+    /// Endpoint lists that differ in this zone (zone shards only). Sorted by key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<EndpointOverride>,
+}
+
+/// Who merges a shard.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ShardScope {
+    /// Every node.
+    Cluster,
+    /// The nodes of one zone.
+    Zone,
+}
+
+/// One service port of one IP family, fully decided: what to capture, where to send it,
+/// what to do when there is nowhere to send it, and when to masquerade.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePortPlan {
+    /// Unique key: `namespace/name:portName/PROTOCOL/family`, e.g. `default/web:http/TCP/IPv4`.
+    #[schemars(length(min = 1, max = 600))]
+    pub key: String,
+    /// Namespace of the Service.
+    pub namespace: String,
+    /// Name of the Service.
+    pub name: String,
+    /// Name of the port in the Service (may be empty for single-port Services).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub port_name: String,
+    /// IP family of every address in this entry.
+    pub family: IpFamily,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// The Service's port.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// The cluster IP of this family.
+    #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    pub cluster_ip: String,
+    /// `spec.externalIPs` of this family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]
+    pub external_ips: Vec<String>,
+    /// Load-balancer ingress IPs of this family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub load_balancer_ips: Vec<LoadBalancerIp>,
+    /// Node port, when the Service has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub node_port: Option<u16>,
+    /// Only these sources may reach the load-balancer IPs (empty: any source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 256),
+        inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
+    )]
+    pub load_balancer_source_ranges: Vec<String>,
+    /// Port of the health-check server for `externalTrafficPolicy: Local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub health_check_node_port: Option<u16>,
+    /// ClientIP session affinity, when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionAffinity>,
+    /// Traffic to the cluster IP.
+    pub internal: TrafficPlan,
+    /// Traffic to node ports, external IPs and load-balancer IPs, when there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<TrafficPlan>,
+    /// Endpoints for `Cluster` policy and for short-circuited traffic: ready endpoints
+    /// after topology filtering, or serving-and-terminating ones when none are ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5000))]
+    pub cluster_endpoints: Vec<Endpoint>,
+    /// Endpoints for `Local` policy: this node's endpoints. Always empty in a shard; a
+    /// node overlay fills it on nodes that have local endpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5000))]
+    pub local_endpoints: Vec<Endpoint>,
+    /// When to masquerade.
+    pub masquerade: MasqueradePlan,
+}
+
+/// IP family of a service port entry.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum IpFamily {
+    /// IPv4.
+    IPv4,
+    /// IPv6.
+    IPv6,
+}
+
+/// Transport protocol of a service port.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum Protocol {
+    /// TCP.
+    TCP,
+    /// UDP.
+    UDP,
+    /// SCTP.
+    SCTP,
+}
+
+/// A load-balancer ingress IP.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerIp {
+    /// The address.
+    #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    pub ip: String,
+    /// `VIP` (the node accepts and short-circuits traffic to it) or `Proxy` (the load
+    /// balancer delivers to node ports; the node must not capture this address).
+    pub mode: LoadBalancerIpMode,
+}
+
+/// `status.loadBalancer.ingress[].ipMode`.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum LoadBalancerIpMode {
+    /// Traffic arrives addressed to the IP.
+    VIP,
+    /// Traffic arrives from a proxying load balancer.
+    Proxy,
+}
+
+/// ClientIP session affinity.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinity {
+    /// Stickiness timeout in seconds.
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: u32,
+}
+
+/// How traffic in one direction (internal or external) is handled.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficPlan {
+    /// Which endpoint list serves this traffic.
+    pub policy: TrafficPolicy,
+    /// What to do when that list is empty.
+    pub when_empty: EmptyAction,
+}
+
+/// Which endpoint list serves a direction of traffic.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TrafficPolicy {
+    /// `clusterEndpoints`.
+    Cluster,
+    /// `localEndpoints`.
+    Local,
+}
+
+/// Action for traffic that has no endpoint to go to.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EmptyAction {
+    /// ICMP reject: the Service has no usable endpoint anywhere.
+    Reject,
+    /// Silent drop: the Service has endpoints, none on this node (Local policy).
+    Drop,
+}
+
+/// A backend.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// The endpoint's address.
+    #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    pub ip: String,
+    /// The endpoint's port for this service port (named target ports resolved).
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+}
+
+/// Masquerade decisions for one entry.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MasqueradePlan {
+    /// Masquerade every packet to this entry's VIPs (`--masquerade-all`).
+    pub all: bool,
+    /// Masquerade traffic to the cluster IP whose source is outside the node's
+    /// local-traffic CIDRs.
+    pub off_cluster_to_cluster_ip: bool,
+    /// Masquerade external traffic (Cluster external policy: it may leave the node).
+    pub external: bool,
+    /// Masquerade host-originated traffic to the external addresses of a Local-policy
+    /// entry (its source would otherwise be a local address).
+    pub local_host_to_external: bool,
+    /// Masquerade an endpoint reaching itself through the Service (hairpin).
+    pub hairpin: bool,
+}
+
+/// Endpoint lists of one entry that differ on one node or in one zone. `None` keeps the
+/// list of the layer below.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointOverride {
+    /// Key of the [`ServicePortPlan`] this overrides.
+    #[schemars(length(min = 1, max = 600))]
+    pub key: String,
+    /// Replacement `clusterEndpoints` (topology hints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_endpoints: Option<Vec<Endpoint>>,
+    /// Replacement `localEndpoints` (this node's endpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_endpoints: Option<Vec<Endpoint>>,
+}
+
+impl ServicePortPlan {
+    /// The endpoints that serve a direction of traffic.
+    #[must_use]
+    pub fn endpoints_for(&self, traffic: &TrafficPlan) -> &[Endpoint] {
+        match traffic.policy {
+            TrafficPolicy::Cluster => &self.cluster_endpoints,
+            TrafficPolicy::Local => &self.local_endpoints,
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::TCP => "TCP",
+            Self::UDP => "UDP",
+            Self::SCTP => "SCTP",
+        })
+    }
+}
+
+impl std::fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::IPv4 => "IPv4",
+            Self::IPv6 => "IPv6",
+        })
+    }
+}
+
+/// The generated CRD manifests: `(file name, YAML)` for the chart's `crds/` folder.
+///
+/// # Errors
+/// When a CRD cannot be serialised (a bug in the types).
+pub fn crd_files() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    Ok(vec![
+        (
+            "nodeproxyplans.proxyplan.dev.yaml",
+            serde_yaml::to_string(&NodeProxyPlan::crd())?,
+        ),
+        (
+            "proxyplanshards.proxyplan.dev.yaml",
+            serde_yaml::to_string(&ProxyPlanShard::crd())?,
+        ),
+    ])
+}

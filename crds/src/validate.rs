@@ -1,0 +1,291 @@
+//! Validation and merging of a node plan with its shards: the contract between the
+//! controller, which writes plans, and the agent, which must refuse a bad plan whole.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use crate::{
+    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, ProxyPlanShard,
+    ServicePortPlan, ShardScope,
+};
+
+/// Why a plan cannot be used. Each variant names the object and the field.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// A field holds a value the agent cannot program.
+    #[error("{object}: {field}: {reason}")]
+    InvalidField {
+        /// `NodeProxyPlan/<name>` or `ProxyPlanShard/<name>`.
+        object: String,
+        /// JSON path of the field, e.g. `spec.servicePorts[3].clusterIP`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The plan names a shard that is not available.
+    #[error("NodeProxyPlan/{plan}: spec.shards[{index}].name: shard {shard} not found")]
+    MissingShard {
+        /// The plan's name.
+        plan: String,
+        /// Index in `spec.shards`.
+        index: usize,
+        /// The missing shard's name.
+        shard: String,
+    },
+}
+
+impl PlanError {
+    /// A short stable label for metrics.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidField { .. } => "invalid_field",
+            Self::MissingShard { .. } => "missing_shard",
+        }
+    }
+}
+
+/// A node's plan with every layer merged: what the agent programs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergedPlan {
+    /// The node's name.
+    pub node_name: String,
+    /// The node plan's revision.
+    pub revision: String,
+    /// Revision of each merged shard, by name.
+    pub shard_revisions: BTreeMap<String, String>,
+    /// The node's addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Local-traffic detection.
+    pub local_traffic: LocalTrafficDetection,
+    /// Every service port entry, overlays applied, sorted by key.
+    pub service_ports: Vec<ServicePortPlan>,
+}
+
+/// Validates `plan` and the `shards` it names, and merges them: node overlay over zone
+/// shard over cluster shard, by key. Shards the plan does not name are ignored.
+///
+/// # Errors
+/// The first problem found, naming the object and field.
+pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPlan, PlanError> {
+    let plan_name = kube::ResourceExt::name_any(plan);
+    let object = format!("NodeProxyPlan/{plan_name}");
+    let spec = &plan.spec;
+    let check = Checker { object: &object };
+    if spec.node_name.is_empty() {
+        return Err(check.fail("spec.nodeName", "must not be empty"));
+    }
+    for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
+        check.cidr(&format!("spec.podCIDRs[{i}]"), cidr, None)?;
+    }
+    for (i, cidr) in spec.local_traffic.cidrs.iter().enumerate() {
+        check.cidr(&format!("spec.localTraffic.cidrs[{i}]"), cidr, None)?;
+    }
+    let mut addresses = Vec::with_capacity(spec.addresses.len());
+    for (i, address) in spec.addresses.iter().enumerate() {
+        addresses.push(check.ip(&format!("spec.addresses[{i}]"), address, None)?);
+    }
+
+    let by_name: BTreeMap<String, &ProxyPlanShard> = shards
+        .iter()
+        .map(|s| (kube::ResourceExt::name_any(s), s))
+        .collect();
+    let mut entries: BTreeMap<String, ServicePortPlan> = BTreeMap::new();
+    let mut zone_overrides = Vec::new();
+    let mut shard_revisions = BTreeMap::new();
+    for (index, shard_ref) in spec.shards.iter().enumerate() {
+        let Some(shard) = by_name.get(&shard_ref.name) else {
+            return Err(PlanError::MissingShard {
+                plan: plan_name,
+                index,
+                shard: shard_ref.name.clone(),
+            });
+        };
+        let shard_object = format!("ProxyPlanShard/{}", shard_ref.name);
+        let shard_check = Checker {
+            object: &shard_object,
+        };
+        match shard.spec.scope {
+            ShardScope::Cluster => {
+                for (i, entry) in shard.spec.service_ports.iter().enumerate() {
+                    shard_check.entry(&format!("spec.servicePorts[{i}]"), entry)?;
+                    if entries.insert(entry.key.clone(), entry.clone()).is_some() {
+                        return Err(shard_check.fail(
+                            &format!("spec.servicePorts[{i}].key"),
+                            &format!("duplicate key {}", entry.key),
+                        ));
+                    }
+                }
+            }
+            ShardScope::Zone => {
+                if shard.spec.zone != spec.zone {
+                    return Err(shard_check.fail(
+                        "spec.zone",
+                        &format!(
+                            "zone {:?} does not match the node's zone {:?}",
+                            shard.spec.zone, spec.zone
+                        ),
+                    ));
+                }
+                for (i, o) in shard.spec.overrides.iter().enumerate() {
+                    zone_overrides.push((shard_object.clone(), format!("spec.overrides[{i}]"), o));
+                }
+            }
+        }
+        shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
+    }
+    for (object, field, o) in zone_overrides {
+        apply_override(&Checker { object: &object }, &field, &mut entries, o)?;
+    }
+    for (i, o) in spec.overlay.iter().enumerate() {
+        apply_override(&check, &format!("spec.overlay[{i}]"), &mut entries, o)?;
+    }
+    Ok(MergedPlan {
+        node_name: spec.node_name.clone(),
+        revision: spec.revision.clone(),
+        shard_revisions,
+        addresses,
+        local_traffic: spec.local_traffic.clone(),
+        service_ports: entries.into_values().collect(),
+    })
+}
+
+fn apply_override(
+    check: &Checker<'_>,
+    field: &str,
+    entries: &mut BTreeMap<String, ServicePortPlan>,
+    o: &EndpointOverride,
+) -> Result<(), PlanError> {
+    let Some(entry) = entries.get_mut(&o.key) else {
+        return Err(check.fail(
+            &format!("{field}.key"),
+            &format!("no service port {}", o.key),
+        ));
+    };
+    if let Some(list) = &o.cluster_endpoints {
+        check.endpoints(&format!("{field}.clusterEndpoints"), list, entry.family)?;
+        entry.cluster_endpoints.clone_from(list);
+    }
+    if let Some(list) = &o.local_endpoints {
+        check.endpoints(&format!("{field}.localEndpoints"), list, entry.family)?;
+        entry.local_endpoints.clone_from(list);
+    }
+    Ok(())
+}
+
+struct Checker<'a> {
+    object: &'a str,
+}
+
+impl Checker<'_> {
+    fn fail(&self, field: &str, reason: &str) -> PlanError {
+        PlanError::InvalidField {
+            object: self.object.to_owned(),
+            field: field.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn ip(&self, field: &str, text: &str, family: Option<IpFamily>) -> Result<IpAddr, PlanError> {
+        let ip: IpAddr = text
+            .parse()
+            .map_err(|_| self.fail(field, &format!("{text:?} is not an IP address")))?;
+        if let Some(family) = family
+            && family_of(ip) != family
+        {
+            return Err(self.fail(field, &format!("{text} is not an {family} address")));
+        }
+        Ok(ip)
+    }
+
+    fn cidr(&self, field: &str, text: &str, family: Option<IpFamily>) -> Result<(), PlanError> {
+        let bad = || self.fail(field, &format!("{text:?} is not a CIDR"));
+        let (ip, len) = text.split_once('/').ok_or_else(bad)?;
+        let ip = self.ip(field, ip, family)?;
+        let len: u8 = len.parse().map_err(|_| bad())?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if len > max {
+            return Err(bad());
+        }
+        Ok(())
+    }
+
+    fn port(&self, field: &str, port: u16) -> Result<(), PlanError> {
+        if port == 0 {
+            return Err(self.fail(field, "port must be between 1 and 65535"));
+        }
+        Ok(())
+    }
+
+    fn endpoints(&self, field: &str, list: &[Endpoint], family: IpFamily) -> Result<(), PlanError> {
+        let mut seen = HashSet::with_capacity(list.len());
+        for (i, ep) in list.iter().enumerate() {
+            self.ip(&format!("{field}[{i}].ip"), &ep.ip, Some(family))?;
+            self.port(&format!("{field}[{i}].port"), ep.port)?;
+            if !seen.insert(ep) {
+                return Err(self.fail(
+                    &format!("{field}[{i}]"),
+                    &format!("duplicate endpoint {}:{}", ep.ip, ep.port),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn entry(&self, field: &str, e: &ServicePortPlan) -> Result<(), PlanError> {
+        if e.key.is_empty() {
+            return Err(self.fail(&format!("{field}.key"), "must not be empty"));
+        }
+        self.port(&format!("{field}.port"), e.port)?;
+        if let Some(p) = e.node_port {
+            self.port(&format!("{field}.nodePort"), p)?;
+        }
+        if let Some(p) = e.health_check_node_port {
+            self.port(&format!("{field}.healthCheckNodePort"), p)?;
+        }
+        self.ip(&format!("{field}.clusterIP"), &e.cluster_ip, Some(e.family))?;
+        for (i, ip) in e.external_ips.iter().enumerate() {
+            self.ip(&format!("{field}.externalIPs[{i}]"), ip, Some(e.family))?;
+        }
+        for (i, lb) in e.load_balancer_ips.iter().enumerate() {
+            self.ip(
+                &format!("{field}.loadBalancerIPs[{i}].ip"),
+                &lb.ip,
+                Some(e.family),
+            )?;
+        }
+        for (i, r) in e.load_balancer_source_ranges.iter().enumerate() {
+            self.cidr(
+                &format!("{field}.loadBalancerSourceRanges[{i}]"),
+                r,
+                Some(e.family),
+            )?;
+        }
+        if let Some(a) = e.session_affinity
+            && !(1..=86_400).contains(&a.timeout_seconds)
+        {
+            return Err(self.fail(
+                &format!("{field}.sessionAffinity.timeoutSeconds"),
+                "must be between 1 and 86400",
+            ));
+        }
+        self.endpoints(
+            &format!("{field}.clusterEndpoints"),
+            &e.cluster_endpoints,
+            e.family,
+        )?;
+        self.endpoints(
+            &format!("{field}.localEndpoints"),
+            &e.local_endpoints,
+            e.family,
+        )
+    }
+}
+
+fn family_of(ip: IpAddr) -> IpFamily {
+    if ip.is_ipv4() {
+        IpFamily::IPv4
+    } else {
+        IpFamily::IPv6
+    }
+}

@@ -1,0 +1,1 @@
+//! Integration and end-to-end tests of proxyplan live in `tests/`.
