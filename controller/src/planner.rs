@@ -104,6 +104,15 @@ impl DesiredObject {
     }
 }
 
+impl serde::Serialize for DesiredObject {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Plan(p) => p.serialize(serializer),
+            Self::Shard(s) => s.serialize(serializer),
+        }
+    }
+}
+
 /// What changed since the last [`Planner::take_changes`].
 #[derive(Debug, Clone, Default)]
 pub struct Changes {
@@ -463,14 +472,33 @@ impl Planner {
     /// Identities of every object that should exist.
     #[must_use]
     pub fn all_ids(&self) -> Vec<ObjectId> {
+        let mut ids = self.shard_ids();
+        ids.extend(self.nodes.keys().map(|n| ObjectId::Plan(n.clone())));
+        ids
+    }
+
+    /// Identities of every shard that should exist.
+    #[must_use]
+    pub fn shard_ids(&self) -> Vec<ObjectId> {
         let mut ids: Vec<ObjectId> = (0..self.config.cluster_shards)
             .map(ObjectId::ClusterShard)
             .collect();
         for zone in self.zone_nodes.keys() {
             ids.extend((0..self.config.zone_shards).map(|n| ObjectId::ZoneShard(zone.clone(), n)));
         }
-        ids.extend(self.nodes.keys().map(|n| ObjectId::Plan(n.clone())));
         ids
+    }
+
+    /// Whether a node is known.
+    #[must_use]
+    pub fn has_node(&self, name: &str) -> bool {
+        self.nodes.contains_key(name)
+    }
+
+    /// Marks an object to be rebuilt by the next [`Planner::take_changes`] (after a
+    /// failed write, or when someone else changed it).
+    pub fn mark_dirty(&mut self, id: ObjectId) {
+        self.dirty.insert(id);
     }
 
     /// The plan of one node and the shards it references, as its agent would see them.

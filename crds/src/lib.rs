@@ -72,6 +72,7 @@ pub struct NodeProxyPlanSpec {
         length(max = 2),
         inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
     )]
+    #[serde(rename = "podCIDRs")]
     pub pod_cidrs: Vec<String>,
     /// The node's addresses (`status.addresses` of type InternalIP and ExternalIP).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -217,14 +218,17 @@ pub struct ServicePortPlan {
     pub port: u16,
     /// The cluster IP of this family.
     #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    #[serde(rename = "clusterIP")]
     pub cluster_ip: String,
     /// `spec.externalIPs` of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]
+    #[serde(rename = "externalIPs")]
     pub external_ips: Vec<String>,
     /// Load-balancer ingress IPs of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
+    #[serde(rename = "loadBalancerIPs")]
     pub load_balancer_ips: Vec<LoadBalancerIp>,
     /// Node port, when the Service has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -369,6 +373,7 @@ pub struct MasqueradePlan {
     pub all: bool,
     /// Masquerade traffic to the cluster IP whose source is outside the node's
     /// local-traffic CIDRs.
+    #[serde(rename = "offClusterToClusterIP")]
     pub off_cluster_to_cluster_ip: bool,
     /// Masquerade external traffic (Cluster external policy: it may leave the node).
     pub external: bool,

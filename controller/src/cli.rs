@@ -1,0 +1,300 @@
+//! Command-line interface: `run` against a cluster, `plan` from files.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use proxyplan_controller::state_file::ClusterState;
+use proxyplan_controller::{DesiredObject, Planner, PlannerConfig, run};
+use proxyplan_crds::LocalTrafficMode;
+
+/// Exit code of `plan` when some objects were skipped.
+const EXIT_SKIPPED: u8 = 3;
+
+/// Computes, for every node, the NodeProxyPlan its proxyplan agent programs.
+#[derive(Debug, Parser)]
+#[command(name = "proxyplan-controller", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Watch a cluster and keep every node's plan up to date (leader-elected).
+    Run(RunArgs),
+    /// Compute plans from files of Kubernetes objects, with no cluster, and print them.
+    ///
+    /// Exit codes: 0 every object was used; 1 error; 3 some objects were skipped (each is
+    /// reported on stderr with the reason).
+    Plan(PlanArgs),
+}
+
+/// Policy flags shared by `run` and `plan`.
+#[derive(Debug, Args)]
+struct PolicyArgs {
+    /// Cluster pod CIDR, for local-traffic detection; repeat (or comma-separate) for
+    /// dual-stack, at most one per family.
+    #[arg(long = "cluster-cidr", value_name = "CIDR")]
+    cluster_cidrs: Vec<String>,
+    /// Masquerade all traffic sent to service VIPs.
+    #[arg(long)]
+    masquerade_all: bool,
+    /// How traffic from inside the cluster is recognised: by the cluster CIDRs or by each
+    /// node's pod CIDRs.
+    #[arg(long, value_enum, default_value = "ClusterCIDR")]
+    detect_local_mode: DetectLocalMode,
+    /// Number of cluster shards service ports are spread over (changing it rewrites every
+    /// shard and plan).
+    #[arg(long, default_value_t = 16)]
+    cluster_shards: u32,
+    /// Number of shards per zone for topology-hinted endpoint lists.
+    #[arg(long, default_value_t = 4)]
+    zone_shards: u32,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DetectLocalMode {
+    #[value(name = "ClusterCIDR")]
+    ClusterCidr,
+    #[value(name = "NodeCIDR")]
+    NodeCidr,
+}
+
+impl PolicyArgs {
+    fn config(&self) -> anyhow::Result<PlannerConfig> {
+        let Self {
+            cluster_cidrs,
+            masquerade_all,
+            detect_local_mode,
+            cluster_shards,
+            zone_shards,
+        } = self;
+        let mode = match detect_local_mode {
+            DetectLocalMode::ClusterCidr => LocalTrafficMode::ClusterCIDR,
+            DetectLocalMode::NodeCidr => LocalTrafficMode::NodeCIDR,
+        };
+        Ok(PlannerConfig::new(
+            cluster_cidrs,
+            *masquerade_all,
+            mode,
+            *cluster_shards,
+            *zone_shards,
+        )?)
+    }
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// Files of Services, EndpointSlices and Nodes (YAML documents, JSON, or `List`s, as
+    /// `kubectl get -o yaml|json` prints them); `-` reads standard input.
+    #[arg(long = "state", value_name = "FILE", required = true, num_args = 1..)]
+    state: Vec<PathBuf>,
+    /// Print only what this node's agent receives: its plan and the shards it merges.
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    output: OutputFormat,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Kubeconfig file; without it, the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Minimum time between two writes of plans: bursts of events are coalesced.
+    #[arg(long, value_parser = humantime_secs, default_value = "1s")]
+    min_sync_interval: Duration,
+    /// Address of /metrics.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_bind_address: SocketAddr,
+    /// Address of /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:9091")]
+    health_bind_address: SocketAddr,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "proxyplan-controller")]
+    leader_election_lease: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log: String,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+fn humantime_secs(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |i| text.split_at(i));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms or 2s"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: unit must be ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+impl Cli {
+    /// Runs the chosen command.
+    pub fn run(self) -> ExitCode {
+        let result = match self.command {
+            Command::Plan(args) => plan(&args),
+            Command::Run(args) => run_controller(args),
+        };
+        match result {
+            Ok(code) => code,
+            // `plan ... | head` closing the pipe early is not an error.
+            Err(err)
+                if err
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+            {
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("proxyplan-controller: error: {err:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
+    let PlanArgs {
+        state,
+        node,
+        output,
+        policy,
+    } = args;
+    let config = policy.config()?;
+    let state = ClusterState::read_files(state)?;
+    let mut planner = Planner::new(config);
+    let mut skipped = state
+        .skipped
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>();
+    let errors = planner
+        .reset_nodes(&state.nodes)
+        .into_iter()
+        .chain(planner.reset_services(&state.services))
+        .chain(planner.reset_slices(&state.slices));
+    for err in errors {
+        if err.is_invalid() {
+            skipped.push(err.to_string());
+        } else {
+            eprintln!("note: {err}");
+        }
+    }
+    for line in &skipped {
+        eprintln!("skipped: {line}");
+    }
+    let objects: Vec<DesiredObject> = match node {
+        Some(name) => {
+            let (plan, shards) = planner.node_view(name).with_context(|| {
+                let known: Vec<_> = state
+                    .nodes
+                    .iter()
+                    .filter_map(|n| n.metadata.name.clone())
+                    .collect();
+                format!(
+                    "node {name:?} is not in the state files (nodes: {})",
+                    known.join(", ")
+                )
+            })?;
+            std::iter::once(DesiredObject::Plan(plan))
+                .chain(shards.into_iter().map(DesiredObject::Shard))
+                .collect()
+        }
+        None => planner.take_changes().apply,
+    };
+    print_objects(&objects, *output)?;
+    Ok(if skipped.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_SKIPPED)
+    })
+}
+
+fn print_objects(objects: &[DesiredObject], output: OutputFormat) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match output {
+        OutputFormat::Yaml => {
+            for object in objects {
+                write!(out, "---\n{}", serde_yaml::to_string(object)?)?;
+            }
+        }
+        OutputFormat::Json => {
+            #[derive(serde::Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct List<'a> {
+                api_version: &'static str,
+                kind: &'static str,
+                items: &'a [DesiredObject],
+            }
+            let list = List {
+                api_version: "v1",
+                kind: "List",
+                items: objects,
+            };
+            writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let RunArgs {
+        kubeconfig,
+        min_sync_interval,
+        metrics_bind_address,
+        health_bind_address,
+        leader_election_namespace,
+        leader_election_lease,
+        identity,
+        log,
+        policy,
+    } = args;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
+        .init();
+    let config = policy.config()?;
+    let identity = identity
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("proxyplan-controller-{}", std::process::id()));
+    let settings = run::Settings {
+        kubeconfig,
+        config,
+        min_sync_interval,
+        metrics_bind_address,
+        health_bind_address,
+        lease_namespace: leader_election_namespace,
+        lease_name: leader_election_lease,
+        identity,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(run::run(settings))?;
+    Ok(ExitCode::SUCCESS)
+}
