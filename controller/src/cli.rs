@@ -279,6 +279,8 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
     } = args;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = policy.config()?;
     let identity = identity

@@ -417,7 +417,12 @@ impl SyncLoop {
             Input::Plan(_) => "nodeproxyplan",
             Input::Shard(_) => "proxyplanshard",
             Input::WatchError(kind, err) => {
-                warn!(kind, %err, "watch failed; retrying with backoff");
+                let hint = if kind.starts_with("NodeProxyPlan") || kind.starts_with("ProxyPlanShard") {
+                    " (are the proxyplan CRDs installed? kubectl apply -f charts/proxyplan/crds)"
+                } else {
+                    ""
+                };
+                warn!(kind, %err, "watch failed; retrying with backoff{hint}");
                 return;
             }
         };
