@@ -77,6 +77,10 @@ fn zone_slug(zone: &str) -> String {
 
 /// One object as the planner wants it.
 #[derive(Debug, Clone)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "both variants are a few hundred bytes and are moved, not copied, in bulk"
+)]
 pub enum DesiredObject {
     /// A node plan.
     Plan(NodeProxyPlan),

@@ -119,8 +119,8 @@ fn merge_endpoints<'a>(
         .collect()
 }
 
-fn usable<'c>(
-    candidates: &'c [Candidate<'_>],
+fn usable(
+    candidates: &[Candidate<'_>],
     keep: impl Fn(&EndpointModel) -> bool,
 ) -> Vec<Endpoint> {
     candidates

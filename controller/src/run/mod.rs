@@ -192,6 +192,7 @@ pub async fn keep_election(
 
 /// One watch event, from any watched kind.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant, reason = "events are consumed one at a time")]
 pub enum Input {
     /// Services.
     Service(Event<Service>),
@@ -417,7 +418,9 @@ impl SyncLoop {
             Input::Plan(_) => "nodeproxyplan",
             Input::Shard(_) => "proxyplanshard",
             Input::WatchError(kind, err) => {
-                let hint = if kind.starts_with("NodeProxyPlan") || kind.starts_with("ProxyPlanShard") {
+                let hint = if kind.starts_with("NodeProxyPlan")
+                    || kind.starts_with("ProxyPlanShard")
+                {
                     " (are the proxyplan CRDs installed? kubectl apply -f charts/proxyplan/crds)"
                 } else {
                     ""
