@@ -351,8 +351,11 @@ impl ServiceModel {
                 source_ranges.push(parsed);
             }
         }
+        // kube-proxy's ExternallyAccessible: NodePort, LoadBalancer, or ClusterIP with
+        // external IPs; only those honour externalTrafficPolicy.
+        let externally_accessible = externally_typed || !external_ips.is_empty();
         let external_local =
-            externally_typed && spec.external_traffic_policy.as_deref() == Some("Local");
+            externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
         let health_check_node_port = match spec.health_check_node_port {
             Some(p) if p != 0 && is_lb && external_local => {
                 Some(f.port("spec.healthCheckNodePort", p)?)
@@ -390,9 +393,14 @@ fn cluster_ips(
     }
     let mut ips: Vec<IpAddr> = Vec::new();
     for (i, text) in texts.iter().enumerate() {
-        let ip = f.ip(format!("{field}[{i}]"), text)?;
+        let path = if field == "spec.clusterIPs" {
+            format!("{field}[{i}]")
+        } else {
+            field.to_owned()
+        };
+        let ip = f.ip(path.clone(), text)?;
         if ips.iter().any(|other| other.is_ipv4() == ip.is_ipv4()) {
-            return Err(f.invalid(format!("{field}[{i}]"), "two cluster IPs of one family"));
+            return Err(f.invalid(path, "two cluster IPs of one family"));
         }
         ips.push(ip);
     }

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use proxyplan_crds::{
     LocalTrafficDetection, LocalTrafficMode, MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan,
     NodeProxyPlanSpec, ProxyPlanShard, ProxyPlanShardSpec, SCOPE_LABEL, ShardRef, ShardScope,
-    revision_of, stable_hash,
+    ZONE_LABEL, revision_of, stable_hash,
 };
 
 use crate::config::PlannerConfig;
@@ -628,7 +628,11 @@ impl Planner {
             service_ports: Vec::new(),
             overrides,
         };
-        finish_shard(&id.name(), spec, "zone")
+        let mut shard = finish_shard(&id.name(), spec, "zone");
+        if let Some(labels) = shard.metadata.labels.as_mut() {
+            labels.insert(ZONE_LABEL.to_owned(), zone_slug(zone));
+        }
+        shard
     }
 }
 

@@ -119,10 +119,7 @@ fn merge_endpoints<'a>(
         .collect()
 }
 
-fn usable(
-    candidates: &[Candidate<'_>],
-    keep: impl Fn(&EndpointModel) -> bool,
-) -> Vec<Endpoint> {
+fn usable(candidates: &[Candidate<'_>], keep: impl Fn(&EndpointModel) -> bool) -> Vec<Endpoint> {
     candidates
         .iter()
         .filter(|c| keep(c.model))

@@ -192,7 +192,10 @@ pub async fn keep_election(
 
 /// One watch event, from any watched kind.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant, reason = "events are consumed one at a time")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "events are consumed one at a time"
+)]
 pub enum Input {
     /// Services.
     Service(Event<Service>),
@@ -366,10 +369,7 @@ impl SyncLoop {
             self.health.tick();
             let due = self.next_sync_at();
             tokio::select! {
-                input = inputs.next() => match input {
-                    Some(input) => self.handle(input),
-                    None => return,
-                },
+                biased;
                 changed = leader.changed() => {
                     if changed.is_err() {
                         return;
@@ -377,6 +377,10 @@ impl SyncLoop {
                     let leading = *leader.borrow_and_update();
                     self.set_leader(leading);
                 }
+                input = inputs.next() => match input {
+                    Some(input) => self.handle(input),
+                    None => return,
+                },
                 () = sleep_until(due), if due.is_some() => self.sync().await,
                 _ = ticker.tick() => {}
             }
@@ -561,6 +565,12 @@ impl SyncLoop {
 
     /// Computes what changed and, as leader, writes it.
     pub async fn sync(&mut self) {
+        if !self.leader || !self.synced() {
+            // Only the leader writes, and only once every watch has listed: a partial
+            // index would delete plans of nodes not listed yet. Nothing is taken from
+            // the planner, so no change is lost.
+            return;
+        }
         let started = std::time::Instant::now();
         self.pending = false;
         self.retry_at = None;
