@@ -7,7 +7,9 @@
 pub mod config;
 pub mod model;
 pub mod planner;
+pub mod run;
 pub mod select;
+pub mod state_file;
 
 pub use config::PlannerConfig;
 pub use planner::{Changes, DesiredObject, ObjectId, Planner};
