@@ -26,13 +26,16 @@ enum Command {
         /// A node's plan and its shards, as `proxyplan-controller plan --node` prints them.
         #[arg(long, value_name = "FILE")]
         plan: PathBuf,
+        /// Also print the iptables rules the plan renders to, as iptables-restore input.
+        #[arg(long)]
+        rules: bool,
     },
 }
 
 fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
     let result = match command {
-        Command::Check { plan } => check(&plan),
+        Command::Check { plan, rules } => check(&plan, rules),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -43,7 +46,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(path: &PathBuf) -> anyhow::Result<()> {
+fn check(path: &PathBuf, rules: bool) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut plans = Vec::new();
@@ -101,6 +104,18 @@ fn check(path: &PathBuf) -> anyhow::Result<()> {
             print!(" (internal: {:?})", entry.internal.when_empty);
         }
         println!();
+    }
+    if rules {
+        let rendered = proxyplan_agent::iptables::render(
+            &merged,
+            &proxyplan_agent::iptables::RenderSettings::default(),
+        );
+        for (tool, family) in [("iptables", &rendered.v4), ("ip6tables", &rendered.v6)] {
+            if family.rule_count() > 0 {
+                println!("# {tool}-restore input ({} rules)", family.rule_count());
+                print!("{}", family.dump());
+            }
+        }
     }
     Ok(())
 }

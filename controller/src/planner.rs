@@ -38,7 +38,7 @@ impl ObjectId {
         match self {
             Self::Plan(node) => node.clone(),
             Self::ClusterShard(n) => format!("cluster-{n}"),
-            Self::ZoneShard(zone, n) => format!("zone-{}-{n}", zone_slug(zone)),
+            Self::ZoneShard(zone, n) => format!("zone-{}-{n}", proxyplan_crds::zone_slug(zone)),
         }
     }
 
@@ -46,32 +46,6 @@ impl ObjectId {
     #[must_use]
     pub fn is_shard(&self) -> bool {
         !matches!(self, Self::Plan(_))
-    }
-}
-
-/// Turns a zone into something usable in an object name: lowercase letters, digits and
-/// dashes, with a hash suffix when anything had to change or it is long.
-fn zone_slug(zone: &str) -> String {
-    let slug: String = zone
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let slug = slug.trim_matches('-');
-    if slug == zone && slug.len() <= 40 {
-        slug.to_owned()
-    } else {
-        let short: String = slug.chars().take(40).collect();
-        format!(
-            "{}-{:08x}",
-            short.trim_matches('-'),
-            stable_hash(zone.as_bytes()) as u32
-        )
     }
 }
 
@@ -630,7 +604,7 @@ impl Planner {
         };
         let mut shard = finish_shard(&id.name(), spec, "zone");
         if let Some(labels) = shard.metadata.labels.as_mut() {
-            labels.insert(ZONE_LABEL.to_owned(), zone_slug(zone));
+            labels.insert(ZONE_LABEL.to_owned(), proxyplan_crds::zone_slug(zone));
         }
         shard
     }

@@ -33,8 +33,33 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "proxyplan-controller";
 /// Label on a shard naming its scope (`cluster` or `zone`).
 pub const SCOPE_LABEL: &str = "proxyplan.dev/scope";
-/// Label on a zone shard naming the zone (sanitised to a label value).
+/// Label on a zone shard naming the zone, as [`zone_slug`] spells it. Agents watch
+/// `proxyplan.dev/scope=cluster` plus `proxyplan.dev/zone=<zone_slug(their zone)>`.
 pub const ZONE_LABEL: &str = "proxyplan.dev/zone";
+
+/// A zone spelled for object names and label values: lowercase letters, digits and
+/// dashes, with a hash suffix when anything had to change or it is long.
+#[must_use]
+pub fn zone_slug(zone: &str) -> String {
+    let slug: String = zone
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let slug = slug.trim_matches('-');
+    if slug == zone && slug.len() <= 40 {
+        slug.to_owned()
+    } else {
+        let short: String = slug.chars().take(40).collect();
+        let hash = stable_hash(zone.as_bytes()) & 0xffff_ffff;
+        format!("{}-{hash:08x}", short.trim_matches('-'))
+    }
+}
 
 /// Desired proxy state of one node: its identity and masquerade inputs, the shards it must
 /// merge and the entries whose endpoint lists differ on this node.

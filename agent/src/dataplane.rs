@@ -1,0 +1,85 @@
+//! The seam between the sync loop and the kernel: one trait, a real implementation per
+//! proxy mode, and fakes in tests.
+
+use proxyplan_crds::MergedPlan;
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Rules (or IPVS objects) the kernel holds for the plan after the sync.
+    pub rules: usize,
+    /// Chains (or objects) rewritten, created or deleted by this sync.
+    pub changed: usize,
+    /// Stale UDP conntrack entries deleted.
+    pub conntrack_deleted: usize,
+    /// The exact text sent to the kernel tools (empty when nothing changed), for
+    /// `--dry-run` and debugging.
+    pub payload: String,
+}
+
+/// Why a sync failed. Each variant has a stable short label for metrics and for the
+/// `Degraded` condition's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// A kernel tool (`iptables-restore`, `conntrack`, ...) is missing.
+    #[error("{tool} not found: install it on the node ({hint})")]
+    MissingTool {
+        /// The tool.
+        tool: String,
+        /// What provides it.
+        hint: String,
+    },
+    /// A kernel tool ran and failed.
+    #[error("{tool} failed (exit {code:?}): {stderr}")]
+    ToolFailed {
+        /// The command line.
+        tool: String,
+        /// Exit code.
+        code: Option<i32>,
+        /// What it printed.
+        stderr: String,
+    },
+    /// Any other I/O error talking to the kernel.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl DataplaneError {
+    /// A short stable label (`missing_tool`, `tool_failed`, `io`).
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MissingTool { .. } => "missing_tool",
+            Self::ToolFailed { .. } => "tool_failed",
+            Self::Io { .. } => "io",
+        }
+    }
+}
+
+/// A proxy mode's kernel programming.
+pub trait Dataplane {
+    /// Brings the kernel to `plan`, sending only the difference to what it holds.
+    /// With `dry_run`, computes and returns the payload without touching the kernel.
+    ///
+    /// # Errors
+    /// When the kernel could not be brought to the plan; the previous state stays.
+    fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError>;
+
+    /// Whether the agent's rules are still in place (the canary chain exists). When it
+    /// returns false, the next sync re-reads the kernel and restores everything.
+    ///
+    /// # Errors
+    /// When the check itself could not run.
+    fn rules_intact(&mut self) -> Result<bool, DataplaneError>;
+
+    /// Removes everything the agent owns, and nothing else.
+    ///
+    /// # Errors
+    /// When something could not be removed.
+    fn cleanup(&mut self) -> Result<SyncReport, DataplaneError>;
+}
