@@ -10,6 +10,7 @@ pub mod planner;
 pub mod run;
 pub mod select;
 pub mod state_file;
+pub mod synthetic;
 
 pub use config::PlannerConfig;
 pub use planner::{Changes, DesiredObject, ObjectId, Planner};
