@@ -8,7 +8,7 @@
 //! `PLANNER_BENCH_SERVICES`, `PLANNER_BENCH_ENDPOINTS`, `PLANNER_BENCH_NODES`,
 //! `PLANNER_BENCH_SMALL_NODES`, `PLANNER_BENCH_ZONES`, `PLANNER_BENCH_LOCAL`,
 //! `PLANNER_BENCH_HINTED`, `PLANNER_BENCH_CHANGES`, `PLANNER_BENCH_SEED`, and
-//! `PLANNER_BENCH_CLUSTER_SHARDS` (the planner's `cluster_shards`, default 32). Without
+//! `PLANNER_BENCH_CLUSTER_SHARDS` (the planner's `cluster_shards`, default 128). Without
 //! `--bench` (as `cargo test --benches` runs it) the defaults shrink to a smoke test.
 //!
 //! Each node count runs in a child process of this binary so that its peak memory

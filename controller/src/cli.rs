@@ -49,10 +49,10 @@ struct PolicyArgs {
     detect_local_mode: DetectLocalMode,
     /// Number of cluster shards service ports are spread over (changing it rewrites every
     /// shard and plan).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = proxyplan_controller::config::DEFAULT_CLUSTER_SHARDS)]
     cluster_shards: u32,
     /// Number of shards per zone for topology-hinted endpoint lists.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = proxyplan_controller::config::DEFAULT_ZONE_SHARDS)]
     zone_shards: u32,
 }
 

@@ -4,6 +4,13 @@ use proxyplan_crds::{IpFamily, LocalTrafficMode};
 
 use crate::model::parse_cidr;
 
+/// Default number of cluster shards: at 10,000 Services x 10 endpoints each shard is
+/// about 80 KiB, which bounds both the 1 MiB object limit and the bytes every agent
+/// receives when one endpoint changes.
+pub const DEFAULT_CLUSTER_SHARDS: u32 = 128;
+/// Default number of shards per zone.
+pub const DEFAULT_ZONE_SHARDS: u32 = 4;
+
 /// Cluster-wide policy the planner applies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannerConfig {
@@ -44,8 +51,8 @@ impl Default for PlannerConfig {
             cluster_cidrs: Vec::new(),
             masquerade_all: false,
             detect_local_mode: LocalTrafficMode::ClusterCIDR,
-            cluster_shards: 32,
-            zone_shards: 4,
+            cluster_shards: DEFAULT_CLUSTER_SHARDS,
+            zone_shards: DEFAULT_ZONE_SHARDS,
         }
     }
 }

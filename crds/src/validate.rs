@@ -73,17 +73,17 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
     let spec = &plan.spec;
     let check = Checker { object: &object };
     if spec.node_name.is_empty() {
-        return Err(check.fail("spec.nodeName", "must not be empty"));
+        return Err(check.fail(&"spec.nodeName", "must not be empty"));
     }
     for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
-        check.cidr(&format!("spec.podCIDRs[{i}]"), cidr, None)?;
+        check.cidr(&|| format!("spec.podCIDRs[{i}]"), cidr, None)?;
     }
     for (i, cidr) in spec.local_traffic.cidrs.iter().enumerate() {
-        check.cidr(&format!("spec.localTraffic.cidrs[{i}]"), cidr, None)?;
+        check.cidr(&|| format!("spec.localTraffic.cidrs[{i}]"), cidr, None)?;
     }
     let mut addresses = Vec::with_capacity(spec.addresses.len());
     for (i, address) in spec.addresses.iter().enumerate() {
-        addresses.push(check.ip(&format!("spec.addresses[{i}]"), address, None)?);
+        addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
     }
 
     let by_name: BTreeMap<String, &ProxyPlanShard> = shards
@@ -108,10 +108,10 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
         match shard.spec.scope {
             ShardScope::Cluster => {
                 for (i, entry) in shard.spec.service_ports.iter().enumerate() {
-                    shard_check.entry(&format!("spec.servicePorts[{i}]"), entry)?;
+                    shard_check.entry(&|| format!("spec.servicePorts[{i}]"), entry)?;
                     if entries.insert(entry.key.clone(), entry.clone()).is_some() {
                         return Err(shard_check.fail(
-                            &format!("spec.servicePorts[{i}].key"),
+                            &|| format!("spec.servicePorts[{i}].key"),
                             &format!("duplicate key {}", entry.key),
                         ));
                     }
@@ -120,7 +120,7 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
             ShardScope::Zone => {
                 if shard.spec.zone != spec.zone {
                     return Err(shard_check.fail(
-                        "spec.zone",
+                        &"spec.zone",
                         &format!(
                             "zone {:?} does not match the node's zone {:?}",
                             shard.spec.zone, spec.zone
@@ -128,17 +128,22 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
                     ));
                 }
                 for (i, o) in shard.spec.overrides.iter().enumerate() {
-                    zone_overrides.push((shard_object.clone(), format!("spec.overrides[{i}]"), o));
+                    zone_overrides.push((shard_object.clone(), i, o));
                 }
             }
         }
         shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
     }
-    for (object, field, o) in zone_overrides {
-        apply_override(&Checker { object: &object }, &field, &mut entries, o)?;
+    for (object, i, o) in zone_overrides {
+        apply_override(
+            &Checker { object: &object },
+            &|| format!("spec.overrides[{i}]"),
+            &mut entries,
+            o,
+        )?;
     }
     for (i, o) in spec.overlay.iter().enumerate() {
-        apply_override(&check, &format!("spec.overlay[{i}]"), &mut entries, o)?;
+        apply_override(&check, &|| format!("spec.overlay[{i}]"), &mut entries, o)?;
     }
     Ok(MergedPlan {
         node_name: spec.node_name.clone(),
@@ -152,22 +157,30 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
 
 fn apply_override(
     check: &Checker<'_>,
-    field: &str,
+    field: &impl Field,
     entries: &mut BTreeMap<String, ServicePortPlan>,
     o: &EndpointOverride,
 ) -> Result<(), PlanError> {
     let Some(entry) = entries.get_mut(&o.key) else {
         return Err(check.fail(
-            &format!("{field}.key"),
+            &|| format!("{}.key", field.path()),
             &format!("no service port {}", o.key),
         ));
     };
     if let Some(list) = &o.cluster_endpoints {
-        check.endpoints(&format!("{field}.clusterEndpoints"), list, entry.family)?;
+        check.endpoints(
+            &|| format!("{}.clusterEndpoints", field.path()),
+            list,
+            entry.family,
+        )?;
         entry.cluster_endpoints.clone_from(list);
     }
     if let Some(list) = &o.local_endpoints {
-        check.endpoints(&format!("{field}.localEndpoints"), list, entry.family)?;
+        check.endpoints(
+            &|| format!("{}.localEndpoints", field.path()),
+            list,
+            entry.family,
+        )?;
         entry.local_endpoints.clone_from(list);
     }
     Ok(())
@@ -177,16 +190,45 @@ struct Checker<'a> {
     object: &'a str,
 }
 
+/// A field path, built only when a check fails (building paths for every endpoint of a
+/// large plan would cost more than the checks themselves).
+trait Field {
+    fn path(&self) -> String;
+}
+
+impl Field for &str {
+    fn path(&self) -> String {
+        (*self).to_owned()
+    }
+}
+
+impl Field for String {
+    fn path(&self) -> String {
+        self.clone()
+    }
+}
+
+impl<F: Fn() -> String> Field for F {
+    fn path(&self) -> String {
+        self()
+    }
+}
+
 impl Checker<'_> {
-    fn fail(&self, field: &str, reason: &str) -> PlanError {
+    fn fail(&self, field: &impl Field, reason: &str) -> PlanError {
         PlanError::InvalidField {
             object: self.object.to_owned(),
-            field: field.to_owned(),
+            field: field.path(),
             reason: reason.to_owned(),
         }
     }
 
-    fn ip(&self, field: &str, text: &str, family: Option<IpFamily>) -> Result<IpAddr, PlanError> {
+    fn ip(
+        &self,
+        field: &impl Field,
+        text: &str,
+        family: Option<IpFamily>,
+    ) -> Result<IpAddr, PlanError> {
         let ip: IpAddr = text
             .parse()
             .map_err(|_| self.fail(field, &format!("{text:?} is not an IP address")))?;
@@ -198,7 +240,12 @@ impl Checker<'_> {
         Ok(ip)
     }
 
-    fn cidr(&self, field: &str, text: &str, family: Option<IpFamily>) -> Result<(), PlanError> {
+    fn cidr(
+        &self,
+        field: &impl Field,
+        text: &str,
+        family: Option<IpFamily>,
+    ) -> Result<(), PlanError> {
         let bad = || self.fail(field, &format!("{text:?} is not a CIDR"));
         let (ip, len) = text.split_once('/').ok_or_else(bad)?;
         let ip = self.ip(field, ip, family)?;
@@ -210,21 +257,30 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn port(&self, field: &str, port: u16) -> Result<(), PlanError> {
+    fn port(&self, field: &impl Field, port: u16) -> Result<(), PlanError> {
         if port == 0 {
             return Err(self.fail(field, "port must be between 1 and 65535"));
         }
         Ok(())
     }
 
-    fn endpoints(&self, field: &str, list: &[Endpoint], family: IpFamily) -> Result<(), PlanError> {
+    fn endpoints(
+        &self,
+        field: &impl Field,
+        list: &[Endpoint],
+        family: IpFamily,
+    ) -> Result<(), PlanError> {
         let mut seen = HashSet::with_capacity(list.len());
         for (i, ep) in list.iter().enumerate() {
-            self.ip(&format!("{field}[{i}].ip"), &ep.ip, Some(family))?;
-            self.port(&format!("{field}[{i}].port"), ep.port)?;
+            self.ip(
+                &|| format!("{}[{i}].ip", field.path()),
+                &ep.ip,
+                Some(family),
+            )?;
+            self.port(&|| format!("{}[{i}].port", field.path()), ep.port)?;
             if !seen.insert(ep) {
                 return Err(self.fail(
-                    &format!("{field}[{i}]"),
+                    &|| format!("{}[{i}]", field.path()),
                     &format!("duplicate endpoint {}:{}", ep.ip, ep.port),
                 ));
             }
@@ -232,31 +288,36 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn entry(&self, field: &str, e: &ServicePortPlan) -> Result<(), PlanError> {
+    fn entry(&self, field: &impl Field, e: &ServicePortPlan) -> Result<(), PlanError> {
+        let at = |sub: &'static str| move || format!("{}.{sub}", field.path());
         if e.key.is_empty() {
-            return Err(self.fail(&format!("{field}.key"), "must not be empty"));
+            return Err(self.fail(&at("key"), "must not be empty"));
         }
-        self.port(&format!("{field}.port"), e.port)?;
+        self.port(&at("port"), e.port)?;
         if let Some(p) = e.node_port {
-            self.port(&format!("{field}.nodePort"), p)?;
+            self.port(&at("nodePort"), p)?;
         }
         if let Some(p) = e.health_check_node_port {
-            self.port(&format!("{field}.healthCheckNodePort"), p)?;
+            self.port(&at("healthCheckNodePort"), p)?;
         }
-        self.ip(&format!("{field}.clusterIP"), &e.cluster_ip, Some(e.family))?;
+        self.ip(&at("clusterIP"), &e.cluster_ip, Some(e.family))?;
         for (i, ip) in e.external_ips.iter().enumerate() {
-            self.ip(&format!("{field}.externalIPs[{i}]"), ip, Some(e.family))?;
+            self.ip(
+                &|| format!("{}.externalIPs[{i}]", field.path()),
+                ip,
+                Some(e.family),
+            )?;
         }
         for (i, lb) in e.load_balancer_ips.iter().enumerate() {
             self.ip(
-                &format!("{field}.loadBalancerIPs[{i}].ip"),
+                &|| format!("{}.loadBalancerIPs[{i}].ip", field.path()),
                 &lb.ip,
                 Some(e.family),
             )?;
         }
         for (i, r) in e.load_balancer_source_ranges.iter().enumerate() {
             self.cidr(
-                &format!("{field}.loadBalancerSourceRanges[{i}]"),
+                &|| format!("{}.loadBalancerSourceRanges[{i}]", field.path()),
                 r,
                 Some(e.family),
             )?;
@@ -265,20 +326,12 @@ impl Checker<'_> {
             && !(1..=86_400).contains(&a.timeout_seconds)
         {
             return Err(self.fail(
-                &format!("{field}.sessionAffinity.timeoutSeconds"),
+                &at("sessionAffinity.timeoutSeconds"),
                 "must be between 1 and 86400",
             ));
         }
-        self.endpoints(
-            &format!("{field}.clusterEndpoints"),
-            &e.cluster_endpoints,
-            e.family,
-        )?;
-        self.endpoints(
-            &format!("{field}.localEndpoints"),
-            &e.local_endpoints,
-            e.family,
-        )
+        self.endpoints(&at("clusterEndpoints"), &e.cluster_endpoints, e.family)?;
+        self.endpoints(&at("localEndpoints"), &e.local_endpoints, e.family)
     }
 }
 
