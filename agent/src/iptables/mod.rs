@@ -5,11 +5,15 @@
 //! `iptables-save` to tell, without parsing rule syntax (which differs between the nft and
 //! legacy back ends), which chains already hold what the plan wants.
 
+pub mod apply;
+pub mod conntrack;
+pub mod kernel;
 pub mod names;
 pub mod render;
 
 use std::collections::BTreeMap;
 
+pub use kernel::{Backend, BackendChoice, CommandOutput, CommandRunner, IptablesDataplane, Runner};
 pub use render::{RenderSettings, render};
 
 /// An IP family's tool: `iptables` or `ip6tables`.

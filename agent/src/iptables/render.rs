@@ -203,6 +203,10 @@ impl<'a> Builder<'a> {
             },
             BaseJump {
                 chain: "FORWARD",
+                rule: jump("proxyplan load balancer firewall", names::FIREWALL),
+            },
+            BaseJump {
+                chain: "FORWARD",
                 rule: jump("proxyplan service portals", names::SERVICES),
             },
             BaseJump {
@@ -467,36 +471,34 @@ impl EntryRules<'_> {
                 ),
             );
         }
-        if external.policy == TrafficPolicy::Local {
-            if !e.cluster_endpoints.is_empty() {
-                if let Some(cidr) = self.local_cidr {
-                    out.nat(
-                        ext,
-                        format!(
-                            "{} -s {cidr} -j {svc}",
-                            self.comment("pod traffic for external destinations")
-                        ),
-                    );
-                }
-                if e.masquerade.local_host_to_external {
-                    out.nat(
-                        ext,
-                        format!(
-                            "{} -m addrtype --src-type LOCAL -j {}",
-                            self.comment("masquerade LOCAL traffic for external destinations"),
-                            names::MARK_MASQ
-                        ),
-                    );
-                }
+        if external.policy == TrafficPolicy::Local && !e.cluster_endpoints.is_empty() {
+            if let Some(cidr) = self.local_cidr {
                 out.nat(
                     ext,
                     format!(
-                        "{} -m addrtype --src-type LOCAL -j {svc}",
-                        self.comment("route LOCAL traffic for external destinations")
+                        "{} -s {cidr} -j {svc}",
+                        self.comment("pod traffic for external destinations")
                     ),
                 );
-                self.balance(out, &svc, &e.cluster_endpoints);
             }
+            if e.masquerade.local_host_to_external {
+                out.nat(
+                    ext,
+                    format!(
+                        "{} -m addrtype --src-type LOCAL -j {}",
+                        self.comment("masquerade LOCAL traffic for external destinations"),
+                        names::MARK_MASQ
+                    ),
+                );
+            }
+            out.nat(
+                ext,
+                format!(
+                    "{} -m addrtype --src-type LOCAL -j {svc}",
+                    self.comment("route LOCAL traffic for external destinations")
+                ),
+            );
+            self.balance(out, &svc, &e.cluster_endpoints);
         }
         let endpoints = e.endpoints_for(external);
         if !endpoints.is_empty() {

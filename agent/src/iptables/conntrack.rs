@@ -1,0 +1,518 @@
+//! Stale UDP conntrack entries (DESIGN §3, kube-proxy's semantics).
+//!
+//! UDP has no connection to close, so a conntrack entry outlives the rules that created
+//! it: a client that kept sending to a service address while it had no endpoint holds an
+//! entry that was never DNATed, and one whose endpoint went away keeps being sent there.
+//! After each sync the agent compares the UDP paths of the previous and the new plan:
+//!
+//! - a destination (cluster IP, external IP or load-balancer IP with the service port, or
+//!   a node port) that had no endpoint and now has some: delete every entry to it;
+//! - an endpoint no longer behind a destination: delete the entries to that destination
+//!   whose reply comes from the endpoint.
+//!
+//! With no previous plan (the agent just started) nothing is known about the past, so the
+//! conntrack table is listed once and exactly the entries that contradict the plan are
+//! deleted: those to a served destination whose reply source is not one of its endpoints.
+//! Entries of unchanged services stay, so a restart does not disturb their flows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, TrafficPolicy};
+
+use super::Family;
+use super::kernel::{CommandOutput, Runner};
+use crate::dataplane::DataplaneError;
+
+/// The conntrack-tools binary.
+pub const CONNTRACK: &str = "conntrack";
+
+/// Where UDP traffic to a service arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Destination {
+    /// A service address (cluster, external or load-balancer IP) and the service port.
+    Address {
+        /// The address.
+        ip: IpAddr,
+        /// The service port.
+        port: u16,
+    },
+    /// A node port, on any of the node's addresses.
+    NodePort {
+        /// Family of the service port.
+        family: Family,
+        /// The node port.
+        port: u16,
+    },
+}
+
+impl Destination {
+    /// The destination's IP family.
+    #[must_use]
+    pub fn family(&self) -> Family {
+        match self {
+            Self::Address { ip, .. } => family_of(*ip),
+            Self::NodePort { family, .. } => *family,
+        }
+    }
+}
+
+fn family_of(ip: IpAddr) -> Family {
+    if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+}
+
+/// An endpoint address and port.
+pub type Backend = (IpAddr, u16);
+
+/// The UDP destinations a plan serves and the endpoints traffic to each may be DNATed to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UdpPaths {
+    paths: BTreeMap<Destination, BTreeSet<Backend>>,
+}
+
+impl UdpPaths {
+    /// The UDP paths of `plan`. External destinations of a Local-policy entry include the
+    /// cluster endpoints, which pods and the node itself are short-circuited to.
+    #[must_use]
+    pub fn from_plan(plan: &MergedPlan) -> Self {
+        let mut paths: BTreeMap<Destination, BTreeSet<Backend>> = BTreeMap::new();
+        for entry in plan
+            .service_ports
+            .iter()
+            .filter(|e| e.protocol == Protocol::UDP)
+        {
+            let backends = |list: &[proxyplan_crds::Endpoint]| -> BTreeSet<Backend> {
+                list.iter()
+                    .filter_map(|e| Some((e.ip.parse().ok()?, e.port)))
+                    .collect()
+            };
+            let address = |ip: &str| {
+                ip.parse().ok().map(|ip| Destination::Address {
+                    ip,
+                    port: entry.port,
+                })
+            };
+            if let Some(dest) = address(&entry.cluster_ip) {
+                paths
+                    .entry(dest)
+                    .or_default()
+                    .extend(backends(entry.endpoints_for(&entry.internal)));
+            }
+            let Some(external) = entry.external else {
+                continue;
+            };
+            let mut behind = backends(entry.endpoints_for(&external));
+            if external.policy == TrafficPolicy::Local {
+                behind.extend(backends(&entry.cluster_endpoints));
+            }
+            let family = if entry.cluster_ip.contains(':') {
+                Family::V6
+            } else {
+                Family::V4
+            };
+            let vips = entry.external_ips.iter().map(String::as_str).chain(
+                entry
+                    .load_balancer_ips
+                    .iter()
+                    .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
+                    .map(|lb| lb.ip.as_str()),
+            );
+            let node_port = entry
+                .node_port
+                .map(|port| Destination::NodePort { family, port });
+            for dest in vips.filter_map(address).chain(node_port) {
+                paths
+                    .entry(dest)
+                    .or_default()
+                    .extend(behind.iter().copied());
+            }
+        }
+        Self { paths }
+    }
+
+    /// Whether the plan has a UDP destination of `family`.
+    #[must_use]
+    pub fn has_family(&self, family: Family) -> bool {
+        self.paths.keys().any(|d| d.family() == family)
+    }
+
+    fn backends(&self, dest: &Destination) -> Option<&BTreeSet<Backend>> {
+        self.paths.get(dest).filter(|b| !b.is_empty())
+    }
+}
+
+/// A set of conntrack entries to delete.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StaleFlows {
+    /// Every entry to a destination that had no endpoint.
+    To(Destination),
+    /// Entries to a destination whose reply comes from an endpoint no longer behind it.
+    Via(Destination, Backend),
+    /// One entry found in the conntrack table.
+    Exact(Flow),
+}
+
+impl StaleFlows {
+    /// The IP family of the entries.
+    #[must_use]
+    pub fn family(&self) -> Family {
+        match self {
+            Self::To(dest) | Self::Via(dest, _) => dest.family(),
+            Self::Exact(flow) => family_of(flow.orig_dst),
+        }
+    }
+
+    /// The `conntrack` arguments that delete these entries.
+    #[must_use]
+    pub fn conntrack_args(&self) -> Vec<String> {
+        let family = match self.family() {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        };
+        let mut args: Vec<String> = ["-D", "-p", "udp", "-f", family]
+            .map(str::to_owned)
+            .to_vec();
+        let mut push = |flag: &str, value: String| {
+            args.push(flag.to_owned());
+            args.push(value);
+        };
+        match self {
+            Self::To(dest) | Self::Via(dest, _) => {
+                match dest {
+                    Destination::Address { ip, port } => {
+                        push("--orig-dst", ip.to_string());
+                        push("--dport", port.to_string());
+                    }
+                    Destination::NodePort { port, .. } => push("--dport", port.to_string()),
+                }
+                if let Self::Via(_, (ip, port)) = self {
+                    push("--reply-src", ip.to_string());
+                    push("--reply-port-src", port.to_string());
+                }
+            }
+            Self::Exact(flow) => {
+                push("--orig-src", flow.orig_src.to_string());
+                push("--orig-dst", flow.orig_dst.to_string());
+                push("--sport", flow.sport.to_string());
+                push("--dport", flow.dport.to_string());
+            }
+        }
+        args
+    }
+}
+
+/// The entries made stale by moving from `previous` to `next`, deduplicated.
+#[must_use]
+pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
+    let mut out = BTreeSet::new();
+    for dest in next.paths.keys() {
+        if next.backends(dest).is_some() && previous.backends(dest).is_none() {
+            out.insert(StaleFlows::To(*dest));
+        }
+    }
+    for (dest, backends) in &previous.paths {
+        let now = next.paths.get(dest);
+        for backend in backends {
+            if !now.is_some_and(|b| b.contains(backend)) {
+                out.insert(StaleFlows::Via(*dest, *backend));
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// One UDP conntrack entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Flow {
+    /// Original source.
+    pub orig_src: IpAddr,
+    /// Original destination.
+    pub orig_dst: IpAddr,
+    /// Original source port.
+    pub sport: u16,
+    /// Original destination port.
+    pub dport: u16,
+    /// Source of the reply (the endpoint, when DNATed).
+    pub reply_src: IpAddr,
+    /// Source port of the reply.
+    pub reply_sport: u16,
+}
+
+/// Parses `conntrack -L -p udp` output (one entry per line, `key=value` words: the
+/// original tuple first, then the reply tuple). Lines that do not parse are skipped.
+#[must_use]
+pub fn parse_listing(text: &str) -> Vec<Flow> {
+    text.lines().filter_map(parse_flow).collect()
+}
+
+fn parse_flow(line: &str) -> Option<Flow> {
+    let mut src = Vec::new();
+    let mut dst = Vec::new();
+    let mut sport = Vec::new();
+    let mut dport = Vec::new();
+    for word in line.split_whitespace() {
+        let Some((key, value)) = word.split_once('=') else {
+            continue;
+        };
+        match key {
+            "src" => src.push(value.parse::<IpAddr>().ok()?),
+            "dst" => dst.push(value.parse::<IpAddr>().ok()?),
+            "sport" => sport.push(value.parse::<u16>().ok()?),
+            "dport" => dport.push(value.parse::<u16>().ok()?),
+            _ => {}
+        }
+    }
+    Some(Flow {
+        orig_src: *src.first()?,
+        orig_dst: *dst.first()?,
+        sport: *sport.first()?,
+        dport: *dport.first()?,
+        reply_src: *src.get(1)?,
+        reply_sport: *sport.get(1)?,
+    })
+}
+
+/// The listed entries that contradict `paths`: addressed to a served destination (a node
+/// port counts when addressed to one of `node_addresses`) and answered by something that
+/// is not one of its endpoints.
+#[must_use]
+pub fn stale_in_table(
+    flows: &[Flow],
+    paths: &UdpPaths,
+    node_addresses: &[IpAddr],
+) -> Vec<StaleFlows> {
+    flows
+        .iter()
+        .filter(|flow| {
+            let address = Destination::Address {
+                ip: flow.orig_dst,
+                port: flow.dport,
+            };
+            let node_port = Destination::NodePort {
+                family: family_of(flow.orig_dst),
+                port: flow.dport,
+            };
+            let backends = paths.backends(&address).or_else(|| {
+                node_addresses
+                    .contains(&flow.orig_dst)
+                    .then(|| paths.backends(&node_port))
+                    .flatten()
+            });
+            backends.is_some_and(|b| !b.contains(&(flow.reply_src, flow.reply_sport)))
+        })
+        .map(|flow| StaleFlows::Exact(*flow))
+        .collect()
+}
+
+/// How many entries `conntrack -D` reports deleted.
+fn deleted_count(output: &CommandOutput) -> Option<usize> {
+    let text = format!("{}{}", output.stderr, output.stdout);
+    let before = text.split(" flow entries have been deleted").next()?;
+    if before.len() == text.len() {
+        return None;
+    }
+    before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Deletes the entries; returns how many the kernel had.
+///
+/// # Errors
+/// When `conntrack` is missing or fails (finding nothing to delete is not a failure).
+pub fn delete(runner: &dyn Runner, flows: &StaleFlows) -> Result<usize, DataplaneError> {
+    let args = flows.conntrack_args();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = runner.run(CONNTRACK, &argv, None)?;
+    match (output.code, deleted_count(&output)) {
+        (Some(0), count) => Ok(count.unwrap_or(0)),
+        (Some(1), Some(0)) => Ok(0),
+        _ => Err(output.failure(&format!("{CONNTRACK} {}", args.join(" ")))),
+    }
+}
+
+/// Lists the UDP entries of one family.
+///
+/// # Errors
+/// When `conntrack` is missing or fails.
+pub fn list_udp(runner: &dyn Runner, family: Family) -> Result<Vec<Flow>, DataplaneError> {
+    let family = match family {
+        Family::V4 => "ipv4",
+        Family::V6 => "ipv6",
+    };
+    let argv = ["-L", "-p", "udp", "-f", family];
+    let output = runner.run(CONNTRACK, &argv, None)?;
+    if output.code != Some(0) {
+        return Err(output.failure(&format!("{CONNTRACK} {}", argv.join(" "))));
+    }
+    Ok(parse_listing(&output.stdout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxyplan_crds::{
+        EmptyAction, Endpoint, IpFamily, LocalTrafficDetection, LocalTrafficMode, MasqueradePlan,
+        ServicePortPlan, TrafficPlan,
+    };
+
+    fn ep(text: &str) -> Endpoint {
+        let (ip, port) = text.rsplit_once(':').unwrap();
+        Endpoint {
+            ip: ip.trim_matches(['[', ']']).to_owned(),
+            port: port.parse().unwrap(),
+        }
+    }
+
+    fn udp(cluster_ip: &str, endpoints: &[&str]) -> ServicePortPlan {
+        let cluster = TrafficPlan {
+            policy: TrafficPolicy::Cluster,
+            when_empty: EmptyAction::Reject,
+        };
+        ServicePortPlan {
+            key: format!("ns/{cluster_ip}:dns/UDP/IPv4"),
+            namespace: "ns".into(),
+            name: cluster_ip.into(),
+            port_name: "dns".into(),
+            family: if cluster_ip.contains(':') {
+                IpFamily::IPv6
+            } else {
+                IpFamily::IPv4
+            },
+            protocol: Protocol::UDP,
+            port: 53,
+            cluster_ip: cluster_ip.into(),
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            node_port: None,
+            load_balancer_source_ranges: vec![],
+            health_check_node_port: None,
+            session_affinity: None,
+            internal: cluster,
+            external: None,
+            cluster_endpoints: endpoints.iter().map(|e| ep(e)).collect(),
+            local_endpoints: vec![],
+            masquerade: MasqueradePlan {
+                all: false,
+                off_cluster_to_cluster_ip: false,
+                external: false,
+                local_host_to_external: false,
+                hairpin: false,
+            },
+        }
+    }
+
+    fn plan(entries: Vec<ServicePortPlan>) -> UdpPaths {
+        UdpPaths::from_plan(&MergedPlan {
+            node_name: "n".into(),
+            revision: "r".into(),
+            shard_revisions: BTreeMap::new(),
+            addresses: vec![],
+            local_traffic: LocalTrafficDetection {
+                mode: LocalTrafficMode::ClusterCIDR,
+                cidrs: vec![],
+            },
+            service_ports: entries,
+        })
+    }
+
+    fn args(flows: &[StaleFlows]) -> Vec<String> {
+        flows.iter().map(|f| f.conntrack_args().join(" ")).collect()
+    }
+
+    #[test]
+    fn newly_served_destinations_lose_every_entry() {
+        let before = plan(vec![udp("10.96.0.10", &[])]);
+        let after = plan(vec![
+            udp("10.96.0.10", &["10.244.1.5:5353"]),
+            udp("10.96.0.11", &["10.244.1.6:53"]),
+        ]);
+        assert_eq!(
+            args(&stale_flows(&before, &after)),
+            [
+                "-D -p udp -f ipv4 --orig-dst 10.96.0.10 --dport 53",
+                "-D -p udp -f ipv4 --orig-dst 10.96.0.11 --dport 53",
+            ]
+        );
+        assert!(stale_flows(&after, &after).is_empty());
+    }
+
+    #[test]
+    fn removed_endpoints_lose_their_entries_everywhere() {
+        let mut svc = udp("10.96.0.10", &["10.244.1.5:5353", "10.244.1.6:5353"]);
+        svc.external = Some(TrafficPlan {
+            policy: TrafficPolicy::Cluster,
+            when_empty: EmptyAction::Reject,
+        });
+        svc.node_port = Some(30053);
+        svc.external_ips = vec!["192.0.2.1".into()];
+        let before = plan(vec![svc.clone()]);
+        svc.cluster_endpoints.remove(0);
+        let after = plan(vec![svc]);
+        assert_eq!(
+            args(&stale_flows(&before, &after)),
+            [
+                "-D -p udp -f ipv4 --orig-dst 10.96.0.10 --dport 53 --reply-src 10.244.1.5 --reply-port-src 5353",
+                "-D -p udp -f ipv4 --orig-dst 192.0.2.1 --dport 53 --reply-src 10.244.1.5 --reply-port-src 5353",
+                "-D -p udp -f ipv4 --dport 30053 --reply-src 10.244.1.5 --reply-port-src 5353",
+            ]
+        );
+        // A removed service: all of its endpoints are gone.
+        assert_eq!(stale_flows(&after, &plan(vec![])).len(), 3);
+    }
+
+    #[test]
+    fn tcp_is_ignored_and_ipv6_is_spelled_for_conntrack() {
+        let mut tcp = udp("10.96.0.12", &["10.244.1.7:80"]);
+        tcp.protocol = Protocol::TCP;
+        let v6 = udp("fd00::a", &["[fd00:1::5]:53"]);
+        let flows = stale_flows(&plan(vec![]), &plan(vec![tcp, v6]));
+        assert_eq!(
+            args(&flows),
+            ["-D -p udp -f ipv6 --orig-dst fd00::a --dport 53"]
+        );
+    }
+
+    #[test]
+    fn a_listing_yields_the_entries_that_contradict_the_plan() {
+        let listing = "\
+udp      17 29 src=10.0.0.1 dst=10.96.0.10 sport=5000 dport=53 [UNREPLIED] src=10.96.0.10 dst=10.0.0.1 sport=53 dport=5000 mark=0 use=1
+udp      17 29 src=10.0.0.2 dst=10.96.0.10 sport=5000 dport=53 src=10.244.1.5 dst=10.0.0.2 sport=5353 dport=5000 [ASSURED] mark=0 use=1
+udp      17 29 src=10.0.0.3 dst=10.96.0.99 sport=5000 dport=53 src=10.96.0.99 dst=10.0.0.3 sport=53 dport=5000 mark=0 use=1
+conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.
+";
+        let flows = parse_listing(listing);
+        assert_eq!(flows.len(), 3);
+        let paths = plan(vec![udp("10.96.0.10", &["10.244.1.5:5353"])]);
+        assert_eq!(
+            args(&stale_in_table(&flows, &paths, &[])),
+            ["-D -p udp -f ipv4 --orig-src 10.0.0.1 --orig-dst 10.96.0.10 --sport 5000 --dport 53"]
+        );
+    }
+
+    #[test]
+    fn deleted_counts_are_read_from_the_message() {
+        let out = |code, stderr: &str| CommandOutput {
+            code: Some(code),
+            stdout: String::new(),
+            stderr: stderr.to_owned(),
+        };
+        assert_eq!(
+            deleted_count(&out(
+                0,
+                "conntrack v1.4.7 (conntrack-tools): 12 flow entries have been deleted.\n"
+            )),
+            Some(12)
+        );
+        assert_eq!(
+            deleted_count(&out(
+                1,
+                "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted."
+            )),
+            Some(0)
+        );
+        assert_eq!(deleted_count(&out(1, "conntrack: operation failed")), None);
+    }
+}

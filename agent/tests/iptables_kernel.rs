@@ -1,0 +1,535 @@
+//! The iptables applier against the real kernel, as root, each test in its own network
+//! namespace (`ip netns exec`), for the nft back end and, where it works in a
+//! namespace, the legacy one. Without root or `ip netns` every test prints a SKIPPED
+//! line and passes. Real traffic is tested elsewhere; these check what the kernel holds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
+use proxyplan_agent::iptables::kernel::{BackendChoice, Tool};
+use proxyplan_agent::iptables::{
+    Backend, CommandOutput, CommandRunner, Family, IptablesDataplane, RenderSettings, Runner,
+    names, render,
+};
+use proxyplan_crds::MergedPlan;
+use support::{Netns, chains_of, ep, many_services, plan, service, small_cluster, udp};
+
+/// A real runner that remembers which programs it ran and how long each took.
+struct Recording {
+    inner: CommandRunner,
+    calls: Mutex<Vec<String>>,
+    took: Mutex<Vec<(String, Duration)>>,
+}
+
+impl Runner for Recording {
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.calls.lock().unwrap().push(program.to_owned());
+        let start = Instant::now();
+        let out = self.inner.run(program, args, stdin);
+        self.took
+            .lock()
+            .unwrap()
+            .push((program.to_owned(), start.elapsed()));
+        out
+    }
+}
+
+impl Recording {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+
+    /// Time spent in the tools since the last call, as `program: duration` lines.
+    fn take_times(&self) -> String {
+        std::mem::take(&mut *self.took.lock().unwrap())
+            .iter()
+            .map(|(p, d)| format!("{p} {d:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn dataplane(ns: &Netns, backend: Backend) -> IptablesDataplane<Recording> {
+    let runner = Recording {
+        inner: CommandRunner::in_netns(&ns.name),
+        calls: Mutex::new(Vec::new()),
+        took: Mutex::new(Vec::new()),
+    };
+    IptablesDataplane::new(RenderSettings::default(), runner, backend)
+}
+
+fn iptables(ns: &Netns, backend: Backend, family: Family, command: &str) {
+    let binary = backend.binary(family, Tool::Iptables);
+    let mut args = vec![binary.as_str()];
+    args.extend(command.split_whitespace());
+    ns.run(&args);
+}
+
+fn save(ns: &Netns, backend: Backend, family: Family) -> String {
+    ns.run(&[&backend.binary(family, Tool::Save)])
+}
+
+/// iptables-save output without comment lines and with counters zeroed.
+fn normalized(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.find(" [") {
+            Some(i) if l.starts_with(':') => format!("{} [0:0]", &l[..i]),
+            _ => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The namespace, or a SKIPPED line and `None` when the back end does not work there.
+fn namespace(backend: Backend) -> Option<Netns> {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return None;
+        }
+    };
+    let probe = backend.binary(Family::V4, Tool::Iptables);
+    if !ns.try_run(&[&probe, "-t", "nat", "-S"]) {
+        println!("SKIPPED: {probe} does not work in a network namespace here");
+        return None;
+    }
+    Some(ns)
+}
+
+/// Rules someone else put on the node.
+fn add_foreign_rules(ns: &Netns, backend: Backend) {
+    for family in [Family::V4, Family::V6] {
+        for command in [
+            "-t nat -N KUBE-SERVICES",
+            "-t nat -A KUBE-SERVICES -j RETURN",
+            "-t nat -A PREROUTING -j KUBE-SERVICES",
+            "-N KUBE-FIREWALL",
+            "-A INPUT -p tcp --dport 22 -j ACCEPT",
+        ] {
+            iptables(ns, backend, family, command);
+        }
+    }
+}
+
+fn timed(dp: &mut impl Dataplane, plan: &MergedPlan) -> (SyncReport, Duration) {
+    let start = Instant::now();
+    let report = dp.sync(plan, false).unwrap();
+    (report, start.elapsed())
+}
+
+/// First sync installs every chain and jump; the same plan again runs nothing; a
+/// restarted agent reads once and sends nothing; foreign rules stay.
+fn first_sync_then_nothing(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let mut dp = dataplane(&ns, backend);
+    let plan = plan(small_cluster());
+    let (report, took) = timed(&mut dp, &plan);
+    println!(
+        "{backend:?} first sync: {} rules, {} bytes sent, {took:?}",
+        report.rules,
+        report.payload.len()
+    );
+    let desired = render(&plan, &RenderSettings::default());
+    let text = save(&ns, backend, Family::V4);
+    for (table, rules) in [("filter", &desired.v4.filter), ("nat", &desired.v4.nat)] {
+        let held = chains_of(&text, table);
+        for (chain, body) in &rules.chains {
+            let have = held
+                .get(chain)
+                .unwrap_or_else(|| panic!("{table} {chain} missing"));
+            assert_eq!(have.len(), body.len() + 1, "{table} {chain}");
+            assert_eq!(
+                have[0][3],
+                format!(
+                    "proxyplan-rev:{}",
+                    proxyplan_agent::iptables::TableRules::revision(body)
+                )
+            );
+        }
+        for jump in &rules.base_jumps {
+            let words = proxyplan_agent::iptables::apply::split_words(&jump.rule);
+            assert!(
+                held[jump.chain].contains(&words),
+                "{table} {}: {}",
+                jump.chain,
+                jump.rule
+            );
+        }
+    }
+    let nat = chains_of(&text, "nat");
+    assert_eq!(nat["KUBE-SERVICES"], [["-j", "RETURN"]]);
+    assert!(nat["PREROUTING"].contains(&vec!["-j".to_owned(), "KUBE-SERVICES".to_owned()]));
+    assert!(
+        chains_of(&text, "filter")["INPUT"]
+            .iter()
+            .any(|r| r.ends_with(&["ACCEPT".to_owned()]))
+    );
+    assert!(dp.rules_intact().unwrap());
+
+    dp.runner().take();
+    let (again, took) = timed(&mut dp, &plan);
+    assert_eq!(again.payload, "");
+    assert_eq!(dp.runner().take(), Vec::<String>::new());
+    println!("{backend:?} unchanged resync: {took:?}, nothing run");
+
+    let mut restarted = dataplane(&ns, backend);
+    let (report, took) = timed(&mut restarted, &plan);
+    assert_eq!(report.payload, "");
+    let ran = restarted.runner().take();
+    assert!(ran.iter().all(|p| p.ends_with("-save")), "{ran:?}");
+    println!(
+        "{backend:?} restarted agent: {} saves, nothing sent, {took:?}",
+        ran.len()
+    );
+}
+
+/// An endpoint change rewrites exactly the service chain and the endpoint chains that
+/// came and went.
+fn endpoint_change_rewrites_only_those_chains(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let mut dp = dataplane(&ns, backend);
+    let mut entries = small_cluster();
+    dp.sync(&plan(entries.clone()), false).unwrap();
+    let before = save(&ns, backend, Family::V4);
+
+    let key = entries[0].key.clone();
+    let removed = entries[0].cluster_endpoints.remove(0);
+    let added = ep("10.244.3.10:8080");
+    entries[0].cluster_endpoints.push(added.clone());
+    let (report, took) = timed(&mut dp, &plan(entries));
+    println!(
+        "{backend:?} one endpoint change: {} bytes sent, {} chains, {took:?}",
+        report.payload.len(),
+        report.changed
+    );
+    let after = save(&ns, backend, Family::V4);
+    assert_eq!(chains_of(&before, "filter"), chains_of(&after, "filter"));
+    let (old, new) = (chains_of(&before, "nat"), chains_of(&after, "nat"));
+    let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let differing: BTreeSet<String> = names
+        .into_iter()
+        .filter(|n| old.get(*n) != new.get(*n))
+        .cloned()
+        .collect();
+    assert_eq!(
+        differing,
+        BTreeSet::from([
+            names::service(&key),
+            names::endpoint(&key, &removed),
+            names::endpoint(&key, &added),
+        ])
+    );
+}
+
+/// Flushing our chains by hand is noticed and repaired; so is a deleted canary.
+fn canary_notices_flushed_rules(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    let mut dp = dataplane(&ns, backend);
+    let plan = plan(small_cluster());
+    dp.sync(&plan, false).unwrap();
+    let good = normalized(&save(&ns, backend, Family::V4));
+
+    let held = chains_of(&save(&ns, backend, Family::V4), "nat");
+    for chain in held.keys().filter(|c| names::is_owned(c)) {
+        iptables(&ns, backend, Family::V4, &format!("-t nat -F {chain}"));
+    }
+    assert!(!dp.rules_intact().unwrap());
+    let report = dp.sync(&plan, false).unwrap();
+    assert!(!report.payload.contains("*filter"), "{}", report.payload);
+    assert_eq!(normalized(&save(&ns, backend, Family::V4)), good);
+    assert!(dp.rules_intact().unwrap());
+
+    iptables(&ns, backend, Family::V4, &format!("-F {}", names::CANARY));
+    iptables(&ns, backend, Family::V4, &format!("-X {}", names::CANARY));
+    assert!(!dp.rules_intact().unwrap());
+    let report = dp.sync(&plan, false).unwrap();
+    assert_eq!(report.changed, 1, "{}", report.payload);
+    assert_eq!(normalized(&save(&ns, backend, Family::V4)), good);
+}
+
+/// Cleanup leaves the kernel as it was before the first sync, both families.
+fn cleanup_restores_the_kernel(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let before = [Family::V4, Family::V6].map(|f| normalized(&save(&ns, backend, f)));
+    let mut dp = dataplane(&ns, backend);
+    let mut entries = small_cluster();
+    entries.push(service(
+        "web6",
+        "fd00:96::10",
+        80,
+        &["[fd00:10:244:1::10]:8080"],
+    ));
+    dp.sync(&plan(entries), false).unwrap();
+    assert!(save(&ns, backend, Family::V6).contains(names::SERVICES));
+    let report = dp.cleanup().unwrap();
+    assert!(report.changed > 0);
+    let after = [Family::V4, Family::V6].map(|f| normalized(&save(&ns, backend, f)));
+    assert_eq!(after, before);
+    assert_eq!(dp.cleanup().unwrap().payload, "");
+    // A fresh agent finds nothing to clean either.
+    assert_eq!(dataplane(&ns, backend).cleanup().unwrap().payload, "");
+}
+
+/// A family whose last service goes loses its jumps (by number) and chains; foreign
+/// rules in the same built-in chains stay.
+fn family_without_services_is_emptied(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let before = normalized(&save(&ns, backend, Family::V6));
+    let mut dp = dataplane(&ns, backend);
+    let mut entries = small_cluster();
+    entries.push(service(
+        "web6",
+        "fd00:96::10",
+        80,
+        &["[fd00:10:244:1::10]:8080"],
+    ));
+    dp.sync(&plan(entries.clone()), false).unwrap();
+    entries.pop();
+    let report = dp.sync(&plan(entries), false).unwrap();
+    assert!(
+        report.payload.contains("-D PREROUTING 1\n"),
+        "{}",
+        report.payload
+    );
+    assert_eq!(normalized(&save(&ns, backend, Family::V6)), before);
+}
+
+/// A restore that fails (someone else started jumping to a chain the agent deletes)
+/// leaves the model unset; the next sync reads the kernel, sees the reference, and only
+/// flushes that chain.
+fn failed_restore_heals_after_reread(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    let mut dp = dataplane(&ns, backend);
+    let mut entries = small_cluster();
+    dp.sync(&plan(entries.clone()), false).unwrap();
+    let key = entries[0].key.clone();
+    let removed = entries[0].cluster_endpoints.remove(0);
+    let sep = names::endpoint(&key, &removed);
+    iptables(&ns, backend, Family::V4, "-t nat -N FOREIGN");
+    iptables(
+        &ns,
+        backend,
+        Family::V4,
+        &format!("-t nat -A FOREIGN -j {sep}"),
+    );
+
+    let err = dp.sync(&plan(entries.clone()), false).unwrap_err();
+    assert_eq!(err.label(), "tool_failed", "{err}");
+    println!("{backend:?} restore failure reads: {err}");
+    dp.runner().take();
+    let report = dp.sync(&plan(entries.clone()), false).unwrap();
+    assert!(dp.runner().take().iter().any(|p| p.ends_with("-save")));
+    assert!(
+        !report.payload.contains(&format!("-X {sep}")),
+        "{}",
+        report.payload
+    );
+    let nat = chains_of(&save(&ns, backend, Family::V4), "nat");
+    assert_eq!(nat[&sep], Vec::<Vec<String>>::new(), "flushed, kept");
+    assert_eq!(dp.sync(&plan(entries), false).unwrap().payload, "");
+}
+
+macro_rules! for_both_backends {
+    ($($check:ident => $nft:ident, $legacy:ident;)*) => {
+        $(
+            #[test]
+            fn $nft() {
+                $check(Backend::Nft);
+            }
+
+            #[test]
+            fn $legacy() {
+                $check(Backend::Legacy);
+            }
+        )*
+    };
+}
+
+for_both_backends! {
+    first_sync_then_nothing => nft_first_sync_then_nothing, legacy_first_sync_then_nothing;
+    endpoint_change_rewrites_only_those_chains => nft_endpoint_change_rewrites_only_those_chains, legacy_endpoint_change_rewrites_only_those_chains;
+    canary_notices_flushed_rules => nft_canary_notices_flushed_rules, legacy_canary_notices_flushed_rules;
+    cleanup_restores_the_kernel => nft_cleanup_restores_the_kernel, legacy_cleanup_restores_the_kernel;
+    family_without_services_is_emptied => nft_family_without_services_is_emptied, legacy_family_without_services_is_emptied;
+    failed_restore_heals_after_reread => nft_failed_restore_heals_after_reread, legacy_failed_restore_heals_after_reread;
+}
+
+fn conntrack_count(ns: &Netns) -> usize {
+    ns.run(&["conntrack", "-L", "-p", "udp"]).lines().count()
+}
+
+fn insert_flow(
+    ns: &Netns,
+    src: &str,
+    sport: &str,
+    vip: &str,
+    dport: &str,
+    reply: &str,
+    reply_port: &str,
+) {
+    ns.run(&[
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        src,
+        "-d",
+        vip,
+        "--sport",
+        sport,
+        "--dport",
+        dport,
+        "--reply-src",
+        reply,
+        "--reply-dst",
+        src,
+        "--reply-port-src",
+        reply_port,
+        "--reply-port-dst",
+        sport,
+        "-t",
+        "100",
+    ]);
+}
+
+#[test]
+fn stale_udp_conntrack_entries_are_deleted() {
+    let Some(ns) = namespace(Backend::Nft) else {
+        return;
+    };
+    let dns = |eps: &[&str]| plan(vec![udp(service("dns", "10.96.0.53", 53, eps))]);
+    // Agent start: an entry that was never DNATed is stale, one DNATed to the endpoint is not.
+    insert_flow(
+        &ns,
+        "10.0.0.1",
+        "5000",
+        "10.96.0.53",
+        "53",
+        "10.96.0.53",
+        "53",
+    );
+    insert_flow(
+        &ns,
+        "10.0.0.2",
+        "5000",
+        "10.96.0.53",
+        "53",
+        "10.244.1.53",
+        "5353",
+    );
+    let mut dp = dataplane(&ns, Backend::Nft);
+    let report = dp.sync(&dns(&["10.244.1.53:5353"]), false).unwrap();
+    assert_eq!(report.conntrack_deleted, 1);
+    assert_eq!(conntrack_count(&ns), 1);
+
+    // The endpoint goes: its entry goes.
+    let report = dp.sync(&dns(&[]), false).unwrap();
+    assert_eq!(report.conntrack_deleted, 1);
+    assert_eq!(conntrack_count(&ns), 0);
+
+    // A client kept sending while there was no endpoint; an endpoint appears.
+    insert_flow(
+        &ns,
+        "10.0.0.3",
+        "5000",
+        "10.96.0.53",
+        "53",
+        "10.96.0.53",
+        "53",
+    );
+    insert_flow(
+        &ns,
+        "10.0.0.3",
+        "5001",
+        "10.96.0.99",
+        "53",
+        "10.96.0.99",
+        "53",
+    );
+    let report = dp.sync(&dns(&["10.244.2.53:5353"]), false).unwrap();
+    assert_eq!(report.conntrack_deleted, 1);
+    assert_eq!(conntrack_count(&ns), 1, "the other address's entry stays");
+}
+
+#[test]
+fn auto_detection_picks_the_back_end_with_rules() {
+    let Some(ns) = namespace(Backend::Nft) else {
+        return;
+    };
+    let runner = CommandRunner::in_netns(&ns.name);
+    assert_eq!(Backend::resolve(BackendChoice::Auto, &runner), Backend::Nft);
+    if !ns.try_run(&["iptables-legacy", "-A", "INPUT", "-j", "ACCEPT"]) {
+        println!("SKIPPED (legacy part): iptables-legacy does not work in a namespace here");
+        return;
+    }
+    assert_eq!(
+        Backend::resolve(BackendChoice::Auto, &runner),
+        Backend::Legacy
+    );
+    iptables(&ns, Backend::Nft, Family::V4, "-A INPUT -j ACCEPT");
+    iptables(&ns, Backend::Nft, Family::V4, "-A INPUT -j ACCEPT");
+    assert_eq!(Backend::resolve(BackendChoice::Auto, &runner), Backend::Nft);
+}
+
+#[test]
+fn missing_binaries_inside_the_namespace_are_named() {
+    let Some(ns) = namespace(Backend::Nft) else {
+        return;
+    };
+    let runner = CommandRunner::in_netns(&ns.name);
+    let err = runner
+        .run("iptables-nosuch-restore", &[], None)
+        .unwrap_err();
+    assert!(
+        matches!(&err, DataplaneError::MissingTool { tool, .. } if tool == "iptables-nosuch-restore"),
+        "{err}"
+    );
+}
+
+/// Sizes and timings at 1,000 services × 10 endpoints, printed (not asserted: budgets
+/// belong to benchmarks).
+#[test]
+fn sync_sizes_and_timings_at_1000_services() {
+    let Some(ns) = namespace(Backend::Nft) else {
+        return;
+    };
+    let mut dp = dataplane(&ns, Backend::Nft);
+    let mut entries = many_services(1000, 10);
+    let (first, first_took) = timed(&mut dp, &plan(entries.clone()));
+    let first_tools = dp.runner().take_times();
+    let (same, same_took) = timed(&mut dp, &plan(entries.clone()));
+    assert_eq!(same.payload, "");
+    entries[500].cluster_endpoints[3] = ep("10.244.99.99:8080");
+    let (change, change_took) = timed(&mut dp, &plan(entries.clone()));
+    let change_tools = dp.runner().take_times();
+    assert_eq!(change.changed, 3);
+    let mut restarted = dataplane(&ns, Backend::Nft);
+    let (_, restart_took) = timed(&mut restarted, &plan(entries));
+    let restart_tools = restarted.runner().take_times();
+    println!(
+        "1000 services x 10 endpoints, nft, in a netns:\n  first sync: {} rules, {} bytes / {} lines sent, {first_took:?} ({first_tools})\n  unchanged: {same_took:?}\n  one endpoint change: {} bytes / {} lines sent, {change_took:?} ({change_tools})\n  restarted agent (reads the kernel, sends nothing): {restart_took:?} ({restart_tools})",
+        first.rules,
+        first.payload.len(),
+        first.payload.lines().count(),
+        change.payload.len(),
+        change.payload.lines().count(),
+    );
+}
