@@ -5,3 +5,4 @@
 
 pub mod dataplane;
 pub mod iptables;
+pub mod run;

@@ -1,0 +1,347 @@
+//! Command-line interface: `run` on a node; `apply`, `cleanup` and `check` without a
+//! cluster.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::iptables::{BackendChoice, CommandRunner, IptablesDataplane, RenderSettings};
+use proxyplan_agent::run::{self, Cidr, ProxyMode, parse_duration, plan_file};
+use proxyplan_crds::TrafficPolicy;
+
+/// Programs this node's kernel from its NodeProxyPlan.
+#[derive(Debug, Parser)]
+#[command(name = "proxyplan-agent", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Watch this node's NodeProxyPlan and the shards it names, and keep the kernel
+    /// programmed (the DaemonSet mode).
+    ///
+    /// The agent watches only its own plan (by name) and the shards it may merge (by
+    /// label): the cluster shards and its zone's shards. A plan that fails validation is
+    /// refused whole: the last good plan stays programmed and the plan's status says
+    /// Degraded=True, reason InvalidPlan, naming the field. When the API server is
+    /// unreachable the agent keeps programming the last plan it has.
+    ///
+    /// Status writes: the agent writes the plan's status (server-side apply to /status,
+    /// field manager proxyplan-agent) only when it changed. A change of a condition or of
+    /// the applied plan revision is written at once; a change of only the applied shard
+    /// revisions or the counts (every endpoint change of a Cluster-policy Service moves a
+    /// shard revision on every node) is written at most once per --status-min-interval,
+    /// so such a change costs O(1) API writes per interval, not one per node. The sync
+    /// duration alone is never a reason to write.
+    Run(RunArgs),
+    /// Apply a plan file once to the current network namespace, then exit.
+    ///
+    /// The file holds a node's plan and the shards it names, as `proxyplan-controller
+    /// plan --node NAME` prints them. Invalid input is refused, with the field named,
+    /// before anything is touched.
+    Apply(ApplyArgs),
+    /// Remove everything the agent owns from the kernel (and nothing else), then exit.
+    Cleanup(CleanupArgs),
+    /// Validate a plan file and print the merged service ports it programs.
+    Check(CheckArgs),
+}
+
+/// How the kernel is programmed.
+#[derive(Debug, Args)]
+struct DataplaneArgs {
+    /// Proxy mode.
+    #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+    mode: ProxyMode,
+    /// Which iptables back end to use: the one the node already uses (auto), iptables-nft
+    /// or iptables-legacy.
+    #[arg(long, value_enum, default_value = "auto")]
+    iptables_backend: IptablesBackend,
+}
+
+/// How the rules are rendered.
+#[derive(Debug, Args)]
+struct RenderArgs {
+    /// The packet mark bit that asks for masquerade (kube-proxy uses 14; 13 lets both run
+    /// side by side).
+    #[arg(long, default_value_t = 13, value_parser = clap::value_parser!(u8).range(0..=31))]
+    masquerade_bit: u8,
+    /// Node ports (and health-check node ports) accept traffic only to node addresses in
+    /// these CIDRs; repeat or comma-separate. Default: every address.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',', num_args = 1..)]
+    nodeport_addresses: Vec<Cidr>,
+}
+
+/// `--iptables-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IptablesBackend {
+    Auto,
+    Nft,
+    Legacy,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// This node's name: the NodeProxyPlan the agent watches.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node: String,
+    /// Kubeconfig file; without it, the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Minimum time between two syncs: changes arriving faster are coalesced into one.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    min_sync_interval: Duration,
+    /// Time between periodic resyncs; each checks the canary chain and restores rules
+    /// removed by someone else. /healthz fails when a change waits twice this long.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    sync_period: Duration,
+    /// Minimum time between status writes that only change the applied shard revisions or
+    /// the service port and endpoint counts (conditions and the applied plan revision are
+    /// written at once). Keeps endpoint churn from costing one API write per node.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    status_min_interval: Duration,
+    /// Address of /healthz (kube-proxy's port).
+    #[arg(long, value_name = "ADDRESS", default_value = "0.0.0.0:10256")]
+    healthz_bind_address: SocketAddr,
+    /// Address of /metrics (kube-proxy's port).
+    #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:10249")]
+    metrics_bind_address: SocketAddr,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log: String,
+    #[command(flatten)]
+    dataplane: DataplaneArgs,
+    #[command(flatten)]
+    render: RenderArgs,
+}
+
+#[derive(Debug, Args)]
+struct ApplyArgs {
+    /// A node's plan and its shards, as `proxyplan-controller plan --node` prints them.
+    #[arg(long, value_name = "FILE")]
+    plan: PathBuf,
+    /// Print what would be sent to the kernel tools instead of sending it.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    dataplane: DataplaneArgs,
+    #[command(flatten)]
+    render: RenderArgs,
+}
+
+#[derive(Debug, Args)]
+struct CleanupArgs {
+    #[command(flatten)]
+    dataplane: DataplaneArgs,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// A node's plan and its shards, as `proxyplan-controller plan --node` prints them.
+    #[arg(long, value_name = "FILE")]
+    plan: PathBuf,
+    /// Also print the iptables rules the plan renders to, as iptables-restore input.
+    #[arg(long)]
+    rules: bool,
+}
+
+impl Cli {
+    /// Runs the chosen command.
+    pub fn run(self) -> ExitCode {
+        let result = match self.command {
+            Command::Run(args) => run_agent(args),
+            Command::Apply(args) => apply(args),
+            Command::Cleanup(args) => cleanup(args),
+            Command::Check(args) => check(args),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("proxyplan-agent: error: {err:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+impl RenderArgs {
+    fn settings(self) -> RenderSettings {
+        let Self {
+            masquerade_bit,
+            nodeport_addresses,
+        } = self;
+        RenderSettings {
+            masquerade_bit,
+            nodeport_cidrs: nodeport_addresses.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+/// The dataplane of `args.mode`, rendering with `render`.
+fn dataplane(
+    args: &DataplaneArgs,
+    render: RenderSettings,
+) -> anyhow::Result<Box<dyn Dataplane + Send>> {
+    let DataplaneArgs {
+        mode,
+        iptables_backend,
+    } = args;
+    match mode {
+        ProxyMode::Iptables => {
+            let choice = match iptables_backend {
+                IptablesBackend::Auto => BackendChoice::Auto,
+                IptablesBackend::Nft => BackendChoice::Nft,
+                IptablesBackend::Legacy => BackendChoice::Legacy,
+            };
+            Ok(Box::new(IptablesDataplane::with_backend_choice(
+                render,
+                CommandRunner::new(),
+                choice,
+            )))
+        }
+    }
+}
+
+fn run_agent(args: RunArgs) -> anyhow::Result<()> {
+    let RunArgs {
+        node,
+        kubeconfig,
+        min_sync_interval,
+        sync_period,
+        status_min_interval,
+        healthz_bind_address,
+        metrics_bind_address,
+        log,
+        dataplane: dataplane_args,
+        render,
+    } = args;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    anyhow::ensure!(!node.is_empty(), "--node (or NODE_NAME) must not be empty");
+    anyhow::ensure!(!sync_period.is_zero(), "--sync-period must be positive");
+    let nodeport_addresses = render.nodeport_addresses.clone();
+    let dataplane = dataplane(&dataplane_args, render.settings())?;
+    let settings = run::Settings {
+        node_name: node,
+        kubeconfig,
+        mode: dataplane_args.mode,
+        nodeport_addresses,
+        min_sync_interval,
+        sync_period,
+        status_min_interval,
+        healthz_bind_address,
+        metrics_bind_address,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(run::run(settings, dataplane))?;
+    Ok(())
+}
+
+fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let ApplyArgs {
+        plan,
+        dry_run,
+        dataplane: dataplane_args,
+        render,
+    } = args;
+    let (node_plan, shards) = plan_file::read(&plan)?;
+    let merged = proxyplan_crds::merge(&node_plan, &shards)
+        .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
+    let mut dataplane = dataplane(&dataplane_args, render.settings())?;
+    let started = std::time::Instant::now();
+    let report = dataplane.sync(&merged, dry_run)?;
+    let elapsed = started.elapsed();
+    let endpoints = run::status::AppliedPlan::new(std::sync::Arc::new(merged.clone())).endpoints;
+    let summary = format!(
+        "node {} plan revision {}: {} service ports, {} endpoints; {} rules, {} changed, {} \
+         conntrack entries deleted, {} ms",
+        merged.node_name,
+        merged.revision,
+        merged.service_ports.len(),
+        endpoints,
+        report.rules,
+        report.changed,
+        report.conntrack_deleted,
+        elapsed.as_millis()
+    );
+    if dry_run {
+        print!("{}", report.payload);
+        eprintln!("dry run, nothing was changed: {summary}");
+    } else {
+        println!("applied {summary}");
+    }
+    Ok(())
+}
+
+fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+    let CleanupArgs {
+        dataplane: dataplane_args,
+    } = args;
+    let mut dataplane = dataplane(&dataplane_args, RenderSettings::default())?;
+    let report = dataplane.cleanup()?;
+    println!(
+        "removed what the agent owned ({} mode): {} chains or objects",
+        dataplane_args.mode, report.changed
+    );
+    Ok(())
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let CheckArgs { plan, rules } = args;
+    let (node_plan, shards) = plan_file::read(&plan)?;
+    let merged = proxyplan_crds::merge(&node_plan, &shards)?;
+    print_merged(&merged);
+    if rules {
+        let rendered = proxyplan_agent::iptables::render(&merged, &RenderSettings::default());
+        for (tool, family) in [("iptables", &rendered.v4), ("ip6tables", &rendered.v6)] {
+            if family.rule_count() > 0 {
+                println!("# {tool}-restore input ({} rules)", family.rule_count());
+                print!("{}", family.dump());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_merged(merged: &proxyplan_crds::MergedPlan) {
+    println!(
+        "node {} revision {}: {} service ports",
+        merged.node_name,
+        merged.revision,
+        merged.service_ports.len()
+    );
+    for entry in &merged.service_ports {
+        let internal = entry.endpoints_for(&entry.internal);
+        let external = entry.external.as_ref().map(|t| (t, entry.endpoints_for(t)));
+        print!(
+            "  {:<36} {}:{} -> {} endpoints",
+            entry.key,
+            entry.cluster_ip,
+            entry.port,
+            internal.len()
+        );
+        if let Some((traffic, eps)) = external {
+            let policy = if traffic.policy == TrafficPolicy::Local {
+                "Local"
+            } else {
+                "Cluster"
+            };
+            print!("; external ({policy}) -> {} endpoints", eps.len());
+            if eps.is_empty() {
+                print!(" ({:?})", traffic.when_empty);
+            }
+        }
+        if internal.is_empty() {
+            print!(" (internal: {:?})", entry.internal.when_empty);
+        }
+        println!();
+    }
+}

@@ -1,0 +1,415 @@
+//! Health-check node ports of `externalTrafficPolicy: Local` Services: load balancers ask
+//! each node whether it has local endpoints. Answers as kube-proxy does: 200 with the
+//! local endpoint count when there are some and the proxy is healthy, 503 otherwise.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use proxyplan_crds::MergedPlan;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::http::Health;
+
+/// An address range, as `--nodeport-addresses` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is inside.
+    #[must_use]
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{text:?} is not a CIDR like 10.0.0.0/8 or fd00::/64");
+        let (ip, prefix) = text.split_once('/').ok_or_else(bad)?;
+        let network: IpAddr = ip.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(bad());
+        }
+        Ok(Self { network, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// What a health-check port reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceHealth {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub name: String,
+    /// Distinct local endpoint addresses over the Service's ports and families.
+    pub local_endpoints: usize,
+}
+
+/// The health-check ports `plan` asks for, by port.
+#[must_use]
+pub fn wanted_ports(plan: &MergedPlan) -> BTreeMap<u16, ServiceHealth> {
+    let mut local: BTreeMap<u16, ((&str, &str), BTreeSet<&str>)> = BTreeMap::new();
+    for entry in &plan.service_ports {
+        let Some(port) = entry.health_check_node_port else {
+            continue;
+        };
+        let service = (entry.namespace.as_str(), entry.name.as_str());
+        let (owner, addresses) = local
+            .entry(port)
+            .or_insert_with(|| (service, BTreeSet::new()));
+        if *owner != service {
+            warn!(
+                port,
+                service = %format!("{}/{}", service.0, service.1),
+                owner = %format!("{}/{}", owner.0, owner.1),
+                "health-check node port already used by another Service; ignored"
+            );
+            continue;
+        }
+        addresses.extend(entry.local_endpoints.iter().map(|e| e.ip.as_str()));
+    }
+    local
+        .into_iter()
+        .map(|(port, ((namespace, name), addresses))| {
+            (
+                port,
+                ServiceHealth {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    local_endpoints: addresses.len(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// kube-proxy's health-check response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Payload<'a> {
+    service: PayloadService<'a>,
+    local_endpoints: usize,
+    service_proxy_healthy: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct PayloadService<'a> {
+    namespace: &'a str,
+    name: &'a str,
+}
+
+#[derive(Clone)]
+struct PortState {
+    service: watch::Receiver<ServiceHealth>,
+    health: Arc<Health>,
+}
+
+struct PortServer {
+    service: watch::Sender<ServiceHealth>,
+    addresses: Vec<IpAddr>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for PortServer {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The health-check servers, one per port the applied plan asks for.
+pub struct HealthCheckServers {
+    nodeport_addresses: Vec<Cidr>,
+    health: Arc<Health>,
+    servers: BTreeMap<u16, PortServer>,
+}
+
+impl HealthCheckServers {
+    /// Servers listening on the node addresses inside `nodeport_addresses` (every
+    /// address when empty), answering with `health` as the proxy's health.
+    #[must_use]
+    pub fn new(nodeport_addresses: Vec<Cidr>, health: Arc<Health>) -> Self {
+        Self {
+            nodeport_addresses,
+            health,
+            servers: BTreeMap::new(),
+        }
+    }
+
+    /// The ports served.
+    #[must_use]
+    pub fn ports(&self) -> Vec<u16> {
+        self.servers
+            .iter()
+            .filter(|(_, s)| !s.tasks.is_empty())
+            .map(|(port, _)| *port)
+            .collect()
+    }
+
+    /// Starts, updates and stops servers to match `plan`. A port that cannot be bound is
+    /// logged and tried again at the next update.
+    pub fn update(&mut self, plan: &MergedPlan) {
+        let wanted = wanted_ports(plan);
+        self.servers.retain(|port, _| {
+            let keep = wanted.contains_key(port);
+            if !keep {
+                info!(port, "health-check node port closed");
+            }
+            keep
+        });
+        let addresses = self.bind_addresses(&plan.addresses);
+        for (port, service) in wanted {
+            if let Some(server) = self.servers.get_mut(&port)
+                && server.addresses == addresses
+                && !server.tasks.is_empty()
+            {
+                server.service.send_if_modified(|current| {
+                    let changed = *current != service;
+                    *current = service;
+                    changed
+                });
+                continue;
+            }
+            self.servers.remove(&port);
+            let server = self.start(port, service, &addresses);
+            self.servers.insert(port, server);
+        }
+    }
+
+    fn bind_addresses(&self, node_addresses: &[IpAddr]) -> Vec<IpAddr> {
+        if self.nodeport_addresses.is_empty() {
+            return vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
+        }
+        let mut addresses: Vec<IpAddr> = node_addresses
+            .iter()
+            .copied()
+            .filter(|ip| self.nodeport_addresses.iter().any(|c| c.contains(*ip)))
+            .collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        addresses
+    }
+
+    fn start(&self, port: u16, service: ServiceHealth, addresses: &[IpAddr]) -> PortServer {
+        let name = format!("{}/{}", service.namespace, service.name);
+        let (tx, rx) = watch::channel(service);
+        let state = PortState {
+            service: rx,
+            health: self.health.clone(),
+        };
+        let router = Router::new().fallback(answer).with_state(state);
+        let mut tasks = Vec::new();
+        if addresses.is_empty() {
+            warn!(port, service = %name, "no node address inside --nodeport-addresses; health-check node port not served");
+        }
+        for &ip in addresses {
+            match listen(ip, port) {
+                Ok(listener) => {
+                    let router = router.clone();
+                    tasks.push(tokio::spawn(async move {
+                        if let Err(err) = axum::serve(listener, router).await {
+                            warn!(port, %err, "health-check server stopped");
+                        }
+                    }));
+                    info!(port, %ip, service = %name, "health-check node port open");
+                }
+                Err(err) => {
+                    warn!(port, %ip, service = %name, %err, "cannot open health-check node port; retrying at the next sync");
+                }
+            }
+        }
+        PortServer {
+            service: tx,
+            addresses: addresses.to_vec(),
+            tasks,
+        }
+    }
+}
+
+/// Binds `ip:port`; the IPv6 wildcard falls back to the IPv4 one on nodes without IPv6.
+fn listen(ip: IpAddr, port: u16) -> std::io::Result<tokio::net::TcpListener> {
+    let bind = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
+        let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port))?;
+        listener.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(listener)
+    };
+    match bind(ip) {
+        Err(err) if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED) => {
+            debug!(port, %err, "IPv6 wildcard unavailable; listening on IPv4 only");
+            bind(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        }
+        other => other,
+    }
+}
+
+async fn answer(State(state): State<PortState>) -> Response {
+    let service = state.service.borrow().clone();
+    let healthy = state.health.is_healthy();
+    let payload = Payload {
+        service: PayloadService {
+            namespace: &service.namespace,
+            name: &service.name,
+        },
+        local_endpoints: service.local_endpoints,
+        service_proxy_healthy: healthy,
+    };
+    let status = if service.local_endpoints > 0 && healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::to_string(&payload).unwrap_or_default();
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        "x-load-balancing-endpoint-weight",
+        HeaderValue::from(service.local_endpoints),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use proxyplan_crds::{
+        EmptyAction, Endpoint, IpFamily, LocalTrafficDetection, LocalTrafficMode, MasqueradePlan,
+        Protocol, ServicePortPlan, TrafficPlan, TrafficPolicy,
+    };
+
+    use super::*;
+
+    fn entry(name: &str, port_name: &str, hc: Option<u16>, local: &[&str]) -> ServicePortPlan {
+        ServicePortPlan {
+            key: format!("default/{name}:{port_name}/TCP/IPv4"),
+            namespace: "default".to_owned(),
+            name: name.to_owned(),
+            port_name: port_name.to_owned(),
+            family: IpFamily::IPv4,
+            protocol: Protocol::TCP,
+            port: 80,
+            cluster_ip: "10.96.0.10".to_owned(),
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            node_port: Some(30080),
+            load_balancer_source_ranges: Vec::new(),
+            health_check_node_port: hc,
+            session_affinity: None,
+            internal: TrafficPlan {
+                policy: TrafficPolicy::Cluster,
+                when_empty: EmptyAction::Reject,
+            },
+            external: Some(TrafficPlan {
+                policy: TrafficPolicy::Local,
+                when_empty: EmptyAction::Drop,
+            }),
+            cluster_endpoints: Vec::new(),
+            local_endpoints: local
+                .iter()
+                .map(|ip| Endpoint {
+                    ip: (*ip).to_owned(),
+                    port: 8080,
+                })
+                .collect(),
+            masquerade: MasqueradePlan {
+                all: false,
+                off_cluster_to_cluster_ip: false,
+                external: false,
+                local_host_to_external: true,
+                hairpin: true,
+            },
+        }
+    }
+
+    fn plan(entries: Vec<ServicePortPlan>) -> MergedPlan {
+        MergedPlan {
+            node_name: "node-a".to_owned(),
+            revision: "r1".to_owned(),
+            shard_revisions: BTreeMap::new(),
+            addresses: Vec::new(),
+            local_traffic: LocalTrafficDetection {
+                mode: LocalTrafficMode::ClusterCIDR,
+                cidrs: Vec::new(),
+            },
+            service_ports: entries,
+        }
+    }
+
+    #[test]
+    fn ports_count_distinct_local_addresses_per_service() {
+        let wanted = wanted_ports(&plan(vec![
+            entry("web", "http", Some(31000), &["10.244.1.2", "10.244.1.3"]),
+            entry("web", "https", Some(31000), &["10.244.1.2", "10.244.1.3"]),
+            entry("api", "http", Some(31001), &[]),
+            entry("db", "sql", None, &["10.244.1.9"]),
+            entry("thief", "http", Some(31000), &["10.244.1.7"]),
+        ]));
+        let summary: Vec<_> = wanted
+            .iter()
+            .map(|(p, s)| (*p, s.name.as_str(), s.local_endpoints))
+            .collect();
+        assert_eq!(summary, [(31000, "web", 2), (31001, "api", 0)]);
+    }
+
+    #[test]
+    fn cidrs_parse_and_match() {
+        let v4: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(v4.contains("10.1.2.3".parse().unwrap()));
+        assert!(!v4.contains("11.0.0.1".parse().unwrap()));
+        assert!(!v4.contains("::1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("192.168.1.1".parse().unwrap()));
+        let v6: Cidr = "fd00::/64".parse().unwrap();
+        assert!(v6.contains("fd00::5".parse().unwrap()));
+        assert!(!v6.contains("fd01::5".parse().unwrap()));
+        let host: Cidr = "127.0.0.1/32".parse().unwrap();
+        assert!(host.contains("127.0.0.1".parse().unwrap()));
+        assert_eq!(host.to_string(), "127.0.0.1/32");
+        for bad in ["10.0.0.0", "10.0.0.0/33", "x/8", "::/129"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+}

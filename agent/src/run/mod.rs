@@ -1,0 +1,313 @@
+//! `proxyplan-agent run`: watch this node's plan and the shards it names, program the
+//! kernel through a [`Dataplane`], report on the plan's status.
+//!
+//! One task owns the [`SyncLoop`]: it receives watch events, decides when to sync
+//! (minimum interval, periodic resync, retries), hands the merged plan to the dataplane
+//! thread and keeps the health-check node ports in step. Status writes, `/healthz` and
+//! `/metrics` run in their own tasks, so an unreachable API server never delays a sync.
+
+pub mod cache;
+pub mod healthcheck;
+pub mod http;
+pub mod plan_file;
+pub mod schedule;
+pub mod status;
+pub mod sync;
+pub mod watches;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::{Api, Client};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::dataplane::Dataplane;
+pub use healthcheck::Cidr;
+use http::{Health, Metrics};
+pub use sync::SyncLoop;
+use watches::Watches;
+
+/// The proxy mode: how plans become kernel state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ProxyMode {
+    /// iptables (`iptables-restore`), one chain per service and endpoint.
+    Iptables,
+}
+
+impl ProxyMode {
+    /// The mode's name, as the status and the command line spell it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+        }
+    }
+}
+
+impl std::fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything `run` needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node's name: the only `NodeProxyPlan` the agent watches.
+    pub node_name: String,
+    /// Kubeconfig file, else in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    /// Proxy mode (reported in the status).
+    pub mode: ProxyMode,
+    /// Health-check node ports listen on the node's addresses inside these CIDRs; empty
+    /// means every address.
+    pub nodeport_addresses: Vec<Cidr>,
+    /// Minimum time between two syncs: changes arriving faster are coalesced.
+    pub min_sync_interval: Duration,
+    /// Time between periodic resyncs (with a canary check); `/healthz` fails when a
+    /// change has waited twice this long.
+    pub sync_period: Duration,
+    /// Minimum time between status writes that only change `appliedShards`, counts or
+    /// the sync duration.
+    pub status_min_interval: Duration,
+    /// `/healthz` address.
+    pub healthz_bind_address: SocketAddr,
+    /// `/metrics` address.
+    pub metrics_bind_address: SocketAddr,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No usable client configuration.
+    #[error("kubernetes client configuration: {0}")]
+    Config(String),
+    /// An HTTP server could not start or stopped.
+    #[error("serving {what}: {source}")]
+    Http {
+        /// `/healthz` or `/metrics`, and the address.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The dataplane thread could not be started.
+    #[error("starting the dataplane thread: {0}")]
+    DataplaneThread(std::io::Error),
+    /// The dataplane thread is gone (it panicked); the kernel state is unknown.
+    #[error("the dataplane thread stopped unexpectedly; restart the agent")]
+    DataplaneStopped,
+}
+
+/// Runs the agent until SIGTERM or Ctrl-C.
+///
+/// # Errors
+/// When no client can be configured, the HTTP servers cannot bind, or the dataplane
+/// thread dies.
+pub async fn run(
+    settings: Settings,
+    dataplane: impl Dataplane + Send + 'static,
+) -> Result<(), RunError> {
+    let client = client(settings.kubeconfig.as_ref()).await?;
+    Agent::bind(settings, client, dataplane)
+        .await?
+        .run(shutdown_signal())
+        .await
+}
+
+/// An agent whose HTTP listeners are bound, ready to run.
+pub struct Agent<D> {
+    settings: Settings,
+    client: Client,
+    dataplane: D,
+    healthz: (TcpListener, SocketAddr),
+    metrics: Option<(TcpListener, SocketAddr)>,
+}
+
+impl<D: Dataplane + Send + 'static> Agent<D> {
+    /// Binds `/healthz` and `/metrics` (one listener when the addresses are equal).
+    ///
+    /// # Errors
+    /// When an address cannot be bound.
+    pub async fn bind(settings: Settings, client: Client, dataplane: D) -> Result<Self, RunError> {
+        let healthz = bind(settings.healthz_bind_address, "/healthz").await?;
+        let metrics = if settings.metrics_bind_address == settings.healthz_bind_address {
+            None
+        } else {
+            Some(bind(settings.metrics_bind_address, "/metrics").await?)
+        };
+        Ok(Self {
+            settings,
+            client,
+            dataplane,
+            healthz,
+            metrics,
+        })
+    }
+
+    /// The address `/healthz` listens on.
+    #[must_use]
+    pub fn healthz_address(&self) -> SocketAddr {
+        self.healthz.1
+    }
+
+    /// The address `/metrics` listens on.
+    #[must_use]
+    pub fn metrics_address(&self) -> SocketAddr {
+        self.metrics.as_ref().map_or(self.healthz.1, |m| m.1)
+    }
+
+    /// Runs until `shutdown` completes. The kernel keeps what was programmed.
+    ///
+    /// # Errors
+    /// When an HTTP server fails or the dataplane thread dies.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+        let Self {
+            settings,
+            client,
+            dataplane,
+            healthz,
+            metrics: metrics_listener,
+        } = self;
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(2 * settings.sync_period));
+        let http = tokio::spawn(http::serve(
+            healthz,
+            metrics_listener,
+            metrics.clone(),
+            health.clone(),
+        ));
+        let (status_tx, status_rx) = tokio::sync::watch::channel(None);
+        let writer = tokio::spawn(status::write_statuses(
+            Api::all(client.clone()),
+            settings.node_name.clone(),
+            status_rx,
+            metrics.clone(),
+        ));
+        let watches = Watches::new(client, &settings.node_name);
+        info!(node = %settings.node_name, mode = %settings.mode, "starting");
+        let mut sync = SyncLoop::new(&settings, dataplane, metrics, health, status_tx)?;
+        let result = tokio::select! {
+            result = sync.run(watches.own(), |slug| watches.zone_shards(slug), shutdown) => result,
+            result = http => Err(match result {
+                Ok(Err(err)) => err,
+                _ => RunError::Http {
+                    what: "/healthz and /metrics".to_owned(),
+                    source: std::io::Error::other("server task ended"),
+                },
+            }),
+        };
+        writer.abort();
+        let _ = writer.await;
+        if result.is_ok() {
+            info!("stopped; the kernel keeps the last programmed plan");
+        }
+        result
+    }
+}
+
+async fn bind(address: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr), RunError> {
+    let error = |source| RunError::Http {
+        what: format!("{what} on {address}"),
+        source,
+    };
+    let listener = TcpListener::bind(address).await.map_err(error)?;
+    let local = listener.local_addr().map_err(error)?;
+    Ok((listener, local))
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, RunError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| RunError::Config(format!("not in a cluster and no --kubeconfig: {e}")))?,
+    };
+    Client::try_from(config).map_err(|e| RunError::Config(e.to_string()))
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(err) => {
+                    warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops the agent");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Parses a duration as kube-proxy's flags spell it: `500ms`, `1s`, `30s`, `1m30s`,
+/// `2h`; a bare number is seconds.
+///
+/// # Errors
+/// When the text is not such a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration like 500ms, 30s or 1m30s");
+    if text.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    }
+    let mut total = 0.0_f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let (number, after) = rest.split_at(split);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        total += value
+            * match unit {
+                "ms" => 0.001,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(bad()),
+            };
+        rest = next;
+    }
+    Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_as_kube_proxy_spells_them() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "s", "1x", "1s2", "-1s", "ms"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

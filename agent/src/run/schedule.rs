@@ -1,0 +1,176 @@
+//! When to sync: soon after a change but never more often than the minimum interval
+//! (so a burst of changes costs one sync), at least every sync period (the periodic
+//! resync with its canary check), and after a failure again with backoff.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Why a sync runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Something changed (or the last sync failed).
+    Change,
+    /// The periodic resync: check the canary, bring the kernel back to the plan.
+    Periodic,
+}
+
+/// The sync timetable. Pure: every method takes the time it should consider.
+#[derive(Debug, Clone)]
+pub struct SyncSchedule {
+    min_interval: Duration,
+    period: Duration,
+    dirty: bool,
+    last_start: Option<Instant>,
+    retry_at: Option<Instant>,
+    failures: u32,
+    next_periodic: Instant,
+}
+
+impl SyncSchedule {
+    /// A schedule starting at `now`, with nothing to do yet.
+    #[must_use]
+    pub fn new(min_interval: Duration, period: Duration, now: Instant) -> Self {
+        Self {
+            min_interval,
+            period,
+            dirty: false,
+            last_start: None,
+            retry_at: None,
+            failures: 0,
+            next_periodic: now + period,
+        }
+    }
+
+    /// Records a change that needs a sync.
+    pub fn changed(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Whether a change waits for a sync.
+    #[must_use]
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The next sync: when and why. Changes wait while `ready` is false (the watches
+    /// have not listed); the periodic resync does not.
+    #[must_use]
+    pub fn next(&self, ready: bool, now: Instant) -> (Instant, SyncKind) {
+        if self.dirty && ready {
+            let mut at = self.last_start.map_or(now, |t| t + self.min_interval);
+            if let Some(retry) = self.retry_at {
+                at = at.max(retry);
+            }
+            if at < self.next_periodic {
+                return (at, SyncKind::Change);
+            }
+        }
+        (self.next_periodic, SyncKind::Periodic)
+    }
+
+    /// Records that a sync starts at `now`: pending changes are taken, the next periodic
+    /// resync is one period away.
+    pub fn started(&mut self, now: Instant) {
+        self.dirty = false;
+        self.last_start = Some(now);
+        self.next_periodic = now + self.period;
+    }
+
+    /// Records that the sync succeeded.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+        self.retry_at = None;
+    }
+
+    /// Records that the sync failed at `now`: it is retried after a backoff that doubles
+    /// from the minimum interval (at least 1 s) up to the sync period.
+    pub fn failed(&mut self, now: Instant) {
+        self.failures = self.failures.saturating_add(1);
+        self.dirty = true;
+        let base = self.min_interval.max(Duration::from_secs(1));
+        let factor = 1u32 << self.failures.saturating_sub(1).min(16);
+        let backoff = base.saturating_mul(factor).min(self.period.max(base));
+        self.retry_at = Some(now + backoff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(1);
+    const PERIOD: Duration = Duration::from_secs(30);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn idle_schedule_waits_for_the_periodic_resync() {
+        let t0 = Instant::now();
+        let s = SyncSchedule::new(MIN, PERIOD, t0);
+        assert_eq!(s.next(true, t0), (t0 + PERIOD, SyncKind::Periodic));
+    }
+
+    #[test]
+    fn first_change_syncs_at_once_then_bursts_wait_for_the_minimum_interval() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        s.changed();
+        assert_eq!(s.next(true, t0), (t0, SyncKind::Change));
+        s.started(t0);
+        s.succeeded();
+        // A burst right after: one sync, one minimum interval after the last.
+        let t1 = t0 + Duration::from_millis(100);
+        s.changed();
+        s.changed();
+        s.changed();
+        assert_eq!(s.next(true, t1), (t0 + MIN, SyncKind::Change));
+        // Long after the last sync, a change goes at once.
+        let t2 = t0 + secs(10);
+        assert_eq!(s.next(true, t2), (t0 + MIN, SyncKind::Change));
+        assert!(t0 + MIN <= t2);
+    }
+
+    #[test]
+    fn changes_wait_until_the_watches_listed_but_the_resync_does_not() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        s.changed();
+        assert_eq!(s.next(false, t0), (t0 + PERIOD, SyncKind::Periodic));
+        assert!(s.is_dirty());
+    }
+
+    #[test]
+    fn every_sync_pushes_the_periodic_resync_back() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        s.started(t0 + secs(20));
+        s.succeeded();
+        assert_eq!(
+            s.next(true, t0 + secs(21)),
+            (t0 + secs(50), SyncKind::Periodic)
+        );
+    }
+
+    #[test]
+    fn failures_retry_with_doubling_backoff_capped_by_the_period() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        let mut now = t0;
+        let mut delays = Vec::new();
+        for _ in 0..7 {
+            s.started(now);
+            s.failed(now);
+            let (at, _) = s.next(true, now);
+            delays.push((at - now).as_secs());
+            now = at;
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+        s.started(now);
+        s.succeeded();
+        s.changed();
+        assert_eq!(s.next(true, now), (now + MIN, SyncKind::Change));
+    }
+}

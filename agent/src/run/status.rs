@@ -1,0 +1,716 @@
+//! The plan's status, by Kubernetes conventions: `Ready` and `Degraded` conditions, the
+//! applied revisions and counts. Written by server-side apply to `/status` under field
+//! manager [`FIELD_MANAGER`], and only when it changed.
+//!
+//! DESIGN §2 invariant 2 (an endpoint change of a Cluster-policy Service costs O(1) API
+//! writes whatever the node count) forbids a status write on every node for every shard
+//! revision. So [`StatusGate`] writes at once when a condition or the applied plan
+//! revision changes, but holds changes of `appliedShards` and the counts to one write per
+//! minimum interval; the sync duration alone, like `lastTransitionTime`, is never a change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, NodeProxyPlanStatus};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::cache::PlanOutcome;
+use super::http::Metrics;
+
+/// Field manager of every status write.
+pub const FIELD_MANAGER: &str = "proxyplan-agent";
+/// The agent's version, as reported in the status.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Condition type: the kernel holds the current plan.
+pub const READY: &str = "Ready";
+/// Condition type: something needs attention.
+pub const DEGRADED: &str = "Degraded";
+/// Delay before retrying a failed status write.
+pub const STATUS_RETRY: Duration = Duration::from_secs(5);
+
+/// `Ready` reason: the last sync applied the current plan revision and all its shards.
+pub const REASON_SYNCED: &str = "Synced";
+/// `Ready` reason: the last sync failed.
+pub const REASON_SYNC_FAILED: &str = "SyncFailed";
+/// `Ready` reason: the plan names shards the agent has not seen yet.
+pub const REASON_WAITING_FOR_SHARDS: &str = "WaitingForShards";
+/// `Ready` and `Degraded` reason: the plan (or a shard it names) is invalid.
+pub const REASON_INVALID_PLAN: &str = "InvalidPlan";
+/// `Ready` reason: the current plan has not been synced yet.
+pub const REASON_SYNC_PENDING: &str = "SyncPending";
+/// `Degraded` reason when nothing is wrong.
+pub const REASON_AS_EXPECTED: &str = "AsExpected";
+
+/// The plan the kernel holds after the last successful sync.
+#[derive(Debug, Clone)]
+pub struct AppliedPlan {
+    /// The merged plan.
+    pub plan: Arc<MergedPlan>,
+    /// Service ports programmed.
+    pub service_ports: u32,
+    /// Endpoints programmed (distinct per service port, summed).
+    pub endpoints: u32,
+}
+
+impl AppliedPlan {
+    /// Counts what `plan` programs.
+    #[must_use]
+    pub fn new(plan: Arc<MergedPlan>) -> Self {
+        let service_ports = u32::try_from(plan.service_ports.len()).unwrap_or(u32::MAX);
+        let endpoints = plan
+            .service_ports
+            .iter()
+            .map(|e| {
+                let mut all: Vec<_> = e
+                    .cluster_endpoints
+                    .iter()
+                    .chain(&e.local_endpoints)
+                    .collect();
+                all.sort_unstable();
+                all.dedup();
+                all.len()
+            })
+            .sum::<usize>();
+        Self {
+            plan,
+            service_ports,
+            endpoints: u32::try_from(endpoints).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether this is `plan`: same plan revision and same shard revisions.
+    #[must_use]
+    pub fn is(&self, plan: &MergedPlan) -> bool {
+        self.plan.revision == plan.revision && self.plan.shard_revisions == plan.shard_revisions
+    }
+}
+
+/// Why the last sync failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncFailure {
+    /// The error's short label (`tool_failed`, ...), as in metrics.
+    pub label: &'static str,
+    /// The error.
+    pub message: String,
+}
+
+impl SyncFailure {
+    /// The label in CamelCase, as a condition reason (`tool_failed` → `ToolFailed`).
+    #[must_use]
+    pub fn reason(&self) -> String {
+        self.label
+            .split('_')
+            .map(|word| {
+                let mut chars = word.chars();
+                chars.next().map_or_else(String::new, |first| {
+                    first.to_ascii_uppercase().to_string() + chars.as_str()
+                })
+            })
+            .collect()
+    }
+}
+
+/// Everything the status reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// The plan's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// What the current plan and shards amount to.
+    pub outcome: &'a PlanOutcome,
+    /// What the kernel holds.
+    pub applied: Option<&'a AppliedPlan>,
+    /// Why the last sync failed, if it did.
+    pub failure: Option<&'a SyncFailure>,
+    /// Proxy mode.
+    pub mode: &'a str,
+    /// Duration of the last sync.
+    pub sync_duration: Option<Duration>,
+}
+
+/// The status for `observation`. Conditions keep their `lastTransitionTime` from
+/// `previous` while their status stays the same.
+#[must_use]
+pub fn build_status(
+    observation: &Observation<'_>,
+    previous: Option<&NodeProxyPlanStatus>,
+    now: Timestamp,
+) -> NodeProxyPlanStatus {
+    let (ready, ready_reason, ready_message) = ready_condition(observation);
+    let (degraded, degraded_reason, degraded_message) = degraded_condition(observation);
+    let condition = |type_: &str, status: bool, reason: String, message: String| {
+        let status = if status { "True" } else { "False" }.to_owned();
+        let since = previous
+            .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+            .filter(|c| c.status == status)
+            .map_or(Time(now), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status,
+            reason,
+            message,
+            observed_generation: observation.generation,
+            last_transition_time: since,
+        }
+    };
+    let applied = observation.applied;
+    NodeProxyPlanStatus {
+        conditions: vec![
+            condition(READY, ready, ready_reason, ready_message),
+            condition(DEGRADED, degraded, degraded_reason, degraded_message),
+        ],
+        applied_revision: applied.map(|a| a.plan.revision.clone()),
+        applied_shards: applied
+            .map(|a| a.plan.shard_revisions.clone())
+            .unwrap_or_default(),
+        service_ports: applied.map(|a| a.service_ports),
+        endpoints: applied.map(|a| a.endpoints),
+        mode: Some(observation.mode.to_owned()),
+        sync_duration_seconds: observation
+            .sync_duration
+            .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
+        agent_version: Some(AGENT_VERSION.to_owned()),
+    }
+}
+
+fn ready_condition(observation: &Observation<'_>) -> (bool, String, String) {
+    let keeping = observation.applied.map_or_else(
+        || "; nothing is programmed yet".to_owned(),
+        |a| format!("; revision {} stays programmed", a.plan.revision),
+    );
+    match observation.outcome {
+        PlanOutcome::Invalid { revision, error } => (
+            false,
+            REASON_INVALID_PLAN.to_owned(),
+            format!("plan revision {revision} refused: {error}{keeping}"),
+        ),
+        PlanOutcome::Waiting { revision, missing } => (
+            false,
+            REASON_WAITING_FOR_SHARDS.to_owned(),
+            format!(
+                "plan revision {revision} names shards not seen yet: {}{keeping}",
+                missing.join(", ")
+            ),
+        ),
+        PlanOutcome::Merged(plan) => match (observation.failure, observation.applied) {
+            (Some(failure), _) => (
+                false,
+                REASON_SYNC_FAILED.to_owned(),
+                format!(
+                    "applying plan revision {}: {}{keeping}",
+                    plan.revision, failure.message
+                ),
+            ),
+            (None, Some(applied)) if applied.is(plan) => (
+                true,
+                REASON_SYNCED.to_owned(),
+                format!("plan revision {} applied", plan.revision),
+            ),
+            (None, _) => (
+                false,
+                REASON_SYNC_PENDING.to_owned(),
+                format!("plan revision {} not applied yet{keeping}", plan.revision),
+            ),
+        },
+        PlanOutcome::NoPlan | PlanOutcome::NotListed => (
+            false,
+            REASON_SYNC_PENDING.to_owned(),
+            format!("no plan to apply{keeping}"),
+        ),
+    }
+}
+
+fn degraded_condition(observation: &Observation<'_>) -> (bool, String, String) {
+    if let PlanOutcome::Invalid { error, .. } = observation.outcome {
+        return (true, REASON_INVALID_PLAN.to_owned(), error.to_string());
+    }
+    match observation.failure {
+        Some(failure) => (true, failure.reason(), failure.message.clone()),
+        None => (false, REASON_AS_EXPECTED.to_owned(), String::new()),
+    }
+}
+
+/// How much a status differs from the one written before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusChange {
+    /// Nothing to write (the sync duration and transition times alone do not count).
+    Unchanged,
+    /// Only `appliedShards` or the counts changed: written at most once per interval.
+    Minor,
+    /// A condition, the applied revision, the mode or the agent version changed (or
+    /// nothing was written yet): written at once.
+    Major,
+}
+
+/// Compares a desired status with the one written before.
+#[must_use]
+pub fn classify(
+    written: Option<&NodeProxyPlanStatus>,
+    desired: &NodeProxyPlanStatus,
+) -> StatusChange {
+    let Some(written) = written else {
+        return StatusChange::Major;
+    };
+    let same_conditions = written.conditions.len() == desired.conditions.len()
+        && written
+            .conditions
+            .iter()
+            .zip(&desired.conditions)
+            .all(|(a, b)| {
+                (
+                    &a.type_,
+                    &a.status,
+                    &a.reason,
+                    &a.message,
+                    a.observed_generation,
+                ) == (
+                    &b.type_,
+                    &b.status,
+                    &b.reason,
+                    &b.message,
+                    b.observed_generation,
+                )
+            });
+    if !same_conditions
+        || written.applied_revision != desired.applied_revision
+        || written.mode != desired.mode
+        || written.agent_version != desired.agent_version
+    {
+        StatusChange::Major
+    } else if written.applied_shards != desired.applied_shards
+        || written.service_ports != desired.service_ports
+        || written.endpoints != desired.endpoints
+    {
+        StatusChange::Minor
+    } else {
+        StatusChange::Unchanged
+    }
+}
+
+/// Decides which statuses are written, and when.
+#[derive(Debug, Clone)]
+pub struct StatusGate {
+    min_interval: Duration,
+    written: Option<NodeProxyPlanStatus>,
+    last_write: Option<Instant>,
+    held: Option<NodeProxyPlanStatus>,
+}
+
+impl StatusGate {
+    /// A gate holding minor changes for `min_interval` after each write.
+    #[must_use]
+    pub fn new(min_interval: Duration) -> Self {
+        Self {
+            min_interval,
+            written: None,
+            last_write: None,
+            held: None,
+        }
+    }
+
+    /// The status last written (or found on the object).
+    #[must_use]
+    pub fn written(&self) -> Option<&NodeProxyPlanStatus> {
+        self.written.as_ref()
+    }
+
+    /// Starts over from what a new plan object holds (it was created, or re-created).
+    pub fn rebase(&mut self, observed: Option<NodeProxyPlanStatus>) {
+        self.written = observed;
+        self.last_write = None;
+        self.held = None;
+    }
+
+    /// Offers the desired status at `now`. Returns it when it must be written now; a
+    /// minor change within the interval is held until [`StatusGate::due`].
+    pub fn offer(
+        &mut self,
+        desired: NodeProxyPlanStatus,
+        now: Instant,
+    ) -> Option<NodeProxyPlanStatus> {
+        match classify(self.written.as_ref(), &desired) {
+            StatusChange::Unchanged => {
+                self.held = None;
+                None
+            }
+            StatusChange::Major => Some(self.record(desired, now)),
+            StatusChange::Minor => {
+                if self.last_write.is_none_or(|t| now >= t + self.min_interval) {
+                    Some(self.record(desired, now))
+                } else {
+                    self.held = Some(desired);
+                    None
+                }
+            }
+        }
+    }
+
+    /// When the held status may be written, if one is held.
+    #[must_use]
+    pub fn due(&self) -> Option<Instant> {
+        self.held.as_ref().map(|_| {
+            self.last_write
+                .map_or_else(Instant::now, |t| t + self.min_interval)
+        })
+    }
+
+    /// The held status, once it is due at `now`.
+    pub fn release(&mut self, now: Instant) -> Option<NodeProxyPlanStatus> {
+        let due = self.due()?;
+        if now < due {
+            return None;
+        }
+        let held = self.held.take()?;
+        Some(self.record(held, now))
+    }
+
+    fn record(&mut self, status: NodeProxyPlanStatus, now: Instant) -> NodeProxyPlanStatus {
+        self.held = None;
+        self.written = Some(status.clone());
+        self.last_write = Some(now);
+        status
+    }
+}
+
+/// Writes each status published on `desired` to plan `node`, the latest first; a failed
+/// write is retried after [`STATUS_RETRY`] unless a newer status replaces it. Runs until
+/// the sender is dropped.
+pub async fn write_statuses(
+    api: Api<NodeProxyPlan>,
+    node: String,
+    mut desired: watch::Receiver<Option<NodeProxyPlanStatus>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        match retry_at {
+            Some(at) => tokio::select! {
+                changed = desired.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(at) => {}
+            },
+            None => {
+                if desired.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        let Some(status) = desired.borrow_and_update().clone() else {
+            retry_at = None;
+            continue;
+        };
+        retry_at = match patch_status(&api, &node, &status).await {
+            Ok(()) => {
+                debug!(node, "status written");
+                metrics.status_write("ok");
+                None
+            }
+            Err(kube::Error::Api(response)) if response.code == 404 => {
+                debug!(node, "plan gone; status not written");
+                metrics.status_write("not_found");
+                None
+            }
+            Err(err) => {
+                warn!(node, %err, "status write failed; retrying in {}s", STATUS_RETRY.as_secs());
+                metrics.status_write("error");
+                Some(Instant::now() + STATUS_RETRY)
+            }
+        };
+    }
+}
+
+/// Server-side applies `status` to plan `node`'s `/status` subresource.
+///
+/// # Errors
+/// The API error.
+pub async fn patch_status(
+    api: &Api<NodeProxyPlan>,
+    node: &str,
+    status: &NodeProxyPlanStatus,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": format!("{}/{}", proxyplan_crds::GROUP, proxyplan_crds::VERSION),
+        "kind": "NodeProxyPlan",
+        "metadata": { "name": node },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(node, &params, &Patch::Apply(&patch))
+        .await
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proxyplan_crds::{LocalTrafficDetection, LocalTrafficMode, PlanError};
+
+    use super::*;
+
+    fn merged(revision: &str, shards: &[(&str, &str)]) -> Arc<MergedPlan> {
+        Arc::new(MergedPlan {
+            node_name: "node-a".to_owned(),
+            revision: revision.to_owned(),
+            shard_revisions: shards
+                .iter()
+                .map(|(n, r)| ((*n).to_owned(), (*r).to_owned()))
+                .collect(),
+            addresses: Vec::new(),
+            local_traffic: LocalTrafficDetection {
+                mode: LocalTrafficMode::ClusterCIDR,
+                cidrs: Vec::new(),
+            },
+            service_ports: Vec::new(),
+        })
+    }
+
+    fn t(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn observe<'a>(
+        outcome: &'a PlanOutcome,
+        applied: Option<&'a AppliedPlan>,
+        failure: Option<&'a SyncFailure>,
+    ) -> Observation<'a> {
+        Observation {
+            generation: Some(3),
+            outcome,
+            applied,
+            failure,
+            mode: "iptables",
+            sync_duration: Some(Duration::from_millis(12)),
+        }
+    }
+
+    fn condition<'a>(status: &'a NodeProxyPlanStatus, type_: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn synced_plan_is_ready_and_not_degraded() {
+        let plan = merged("r1", &[("cluster-0", "s1")]);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan);
+        let status = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
+        let ready = condition(&status, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Synced")
+        );
+        assert_eq!(ready.observed_generation, Some(3));
+        assert_eq!(ready.last_transition_time, Time(t(0)));
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("False", "AsExpected")
+        );
+        assert_eq!(status.applied_revision.as_deref(), Some("r1"));
+        assert_eq!(
+            status.applied_shards,
+            BTreeMap::from([("cluster-0".to_owned(), "s1".to_owned())])
+        );
+        assert_eq!(status.mode.as_deref(), Some("iptables"));
+        assert_eq!(status.sync_duration_seconds, Some(0.012));
+        assert_eq!(status.agent_version.as_deref(), Some(AGENT_VERSION));
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_a_condition_status_changes() {
+        let plan = merged("r1", &[]);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan.clone());
+        let first = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
+        // Same statuses later: times kept.
+        let again = build_status(
+            &observe(&outcome, Some(&applied), None),
+            Some(&first),
+            t(50),
+        );
+        assert_eq!(again, first);
+        // A failure flips both conditions: both times move.
+        let failure = SyncFailure {
+            label: "tool_failed",
+            message: "iptables-restore failed (exit Some(1)): line 3".to_owned(),
+        };
+        let failed = build_status(
+            &observe(&outcome, Some(&applied), Some(&failure)),
+            Some(&again),
+            t(60),
+        );
+        let ready = condition(&failed, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "SyncFailed")
+        );
+        assert_eq!(ready.last_transition_time, Time(t(60)));
+        let degraded = condition(&failed, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ToolFailed")
+        );
+        assert_eq!(degraded.last_transition_time, Time(t(60)));
+        assert_eq!(classify(Some(&again), &failed), StatusChange::Major);
+    }
+
+    #[test]
+    fn invalid_plan_is_degraded_and_names_the_field() {
+        let applied = AppliedPlan::new(merged("r1", &[]));
+        let outcome = PlanOutcome::Invalid {
+            revision: "r2".to_owned(),
+            error: PlanError::InvalidField {
+                object: "NodeProxyPlan/node-a".to_owned(),
+                field: "spec.podCIDRs[0]".to_owned(),
+                reason: "\"10.0.0.0/99\" is not a CIDR".to_owned(),
+            },
+        };
+        let status = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
+        let ready = condition(&status, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidPlan")
+        );
+        assert!(
+            ready.message.contains("revision r1 stays programmed"),
+            "{}",
+            ready.message
+        );
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidPlan")
+        );
+        assert!(
+            degraded.message.contains("spec.podCIDRs[0]"),
+            "{}",
+            degraded.message
+        );
+        assert_eq!(status.applied_revision.as_deref(), Some("r1"));
+    }
+
+    #[test]
+    fn waiting_for_shards_names_them() {
+        let outcome = PlanOutcome::Waiting {
+            revision: "r1".to_owned(),
+            missing: vec!["cluster-3".to_owned(), "zone-a-0".to_owned()],
+        };
+        let status = build_status(&observe(&outcome, None, None), None, t(0));
+        let ready = condition(&status, READY);
+        assert_eq!(ready.reason, "WaitingForShards");
+        assert!(
+            ready.message.contains("cluster-3, zone-a-0"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(condition(&status, DEGRADED).status, "False");
+        assert_eq!(status.applied_revision, None);
+    }
+
+    #[test]
+    fn classify_ignores_duration_and_transition_times() {
+        let plan = merged("r1", &[("cluster-0", "s1")]);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan);
+        let a = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
+        let mut b = a.clone();
+        b.sync_duration_seconds = Some(9.0);
+        b.conditions[0].last_transition_time = Time(t(99));
+        assert_eq!(classify(Some(&a), &b), StatusChange::Unchanged);
+        let mut c = a.clone();
+        c.applied_shards
+            .insert("cluster-0".to_owned(), "s2".to_owned());
+        assert_eq!(classify(Some(&a), &c), StatusChange::Minor);
+        let mut d = a.clone();
+        d.endpoints = Some(7);
+        assert_eq!(classify(Some(&a), &d), StatusChange::Minor);
+        let mut e = a.clone();
+        e.applied_revision = Some("r2".to_owned());
+        assert_eq!(classify(Some(&a), &e), StatusChange::Major);
+        let mut f = a.clone();
+        f.conditions[0].observed_generation = Some(4);
+        assert_eq!(classify(Some(&a), &f), StatusChange::Major);
+        assert_eq!(classify(None, &a), StatusChange::Major);
+    }
+
+    fn status_with(revision: &str, shard_revision: &str) -> NodeProxyPlanStatus {
+        let plan = merged(revision, &[("cluster-0", shard_revision)]);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan);
+        build_status(&observe(&outcome, Some(&applied), None), None, t(0))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gate_writes_major_changes_at_once_and_holds_minor_ones() {
+        let interval = Duration::from_secs(60);
+        let mut gate = StatusGate::new(interval);
+        let t0 = Instant::now();
+        let first = status_with("r1", "s1");
+        assert_eq!(gate.offer(first.clone(), t0), Some(first.clone()));
+        assert_eq!(gate.offer(first.clone(), t0), None, "unchanged");
+        assert_eq!(gate.due(), None);
+
+        // Shard revisions move on every endpoint change: held, the latest wins.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(gate.offer(status_with("r1", "s2"), Instant::now()), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(gate.offer(status_with("r1", "s3"), Instant::now()), None);
+        assert_eq!(gate.due(), Some(t0 + interval));
+        assert_eq!(gate.release(Instant::now()), None, "not due yet");
+        tokio::time::advance(Duration::from_secs(50)).await;
+        assert_eq!(gate.release(Instant::now()), Some(status_with("r1", "s3")));
+        assert_eq!(gate.due(), None);
+
+        // A plan revision goes at once, even within the interval.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            gate.offer(status_with("r2", "s3"), Instant::now()),
+            Some(status_with("r2", "s3"))
+        );
+        // A minor change long after the last write goes at once.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(
+            gate.offer(status_with("r2", "s4"), Instant::now()),
+            Some(status_with("r2", "s4"))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gate_drops_a_held_change_that_was_undone_and_rebases_on_a_new_object() {
+        let mut gate = StatusGate::new(Duration::from_secs(60));
+        let first = status_with("r1", "s1");
+        assert!(gate.offer(first.clone(), Instant::now()).is_some());
+        assert_eq!(gate.offer(status_with("r1", "s2"), Instant::now()), None);
+        assert_eq!(gate.offer(first.clone(), Instant::now()), None);
+        assert_eq!(gate.due(), None);
+
+        // The object was re-created with an empty status: written again at once.
+        gate.rebase(None);
+        assert_eq!(
+            gate.offer(first.clone(), Instant::now()),
+            Some(first.clone())
+        );
+        // An agent restart finds its own status on the object: nothing to write.
+        gate.rebase(Some(first.clone()));
+        assert_eq!(gate.offer(first, Instant::now()), None);
+    }
+
+    #[test]
+    fn failure_reasons_are_camel_case_labels() {
+        let reason = |label| {
+            SyncFailure {
+                label,
+                message: String::new(),
+            }
+            .reason()
+        };
+        assert_eq!(reason("tool_failed"), "ToolFailed");
+        assert_eq!(reason("missing_tool"), "MissingTool");
+        assert_eq!(reason("io"), "Io");
+    }
+}

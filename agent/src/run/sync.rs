@@ -1,0 +1,443 @@
+//! The sync loop: watch events in, kernel updates and status out.
+//!
+//! Each sync is a short pipeline: evaluate the cache (validate and merge) → pick the
+//! target (the merged plan, or the last good one when the plan is refused or waits for
+//! shards) → hand it to the dataplane thread → record the result → offer the status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::watcher::Event;
+use proxyplan_crds::{MergedPlan, NodeProxyPlanStatus};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::cache::{Change, PlanCache, PlanOutcome, ShardSource};
+use super::healthcheck::HealthCheckServers;
+use super::http::{Health, Metrics, ModeLabels, ReasonLabels, unix_seconds};
+use super::schedule::{SyncKind, SyncSchedule};
+use super::status::{AppliedPlan, Observation, StatusGate, SyncFailure, build_status};
+use super::watches::{Input, InputStream};
+use super::worker::DataplaneThread;
+use super::{ProxyMode, RunError, Settings};
+use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
+
+/// The task that owns the cache, the schedule and the dataplane.
+pub struct SyncLoop {
+    node: String,
+    mode: ProxyMode,
+    cache: PlanCache,
+    dataplane: DataplaneThread,
+    schedule: SyncSchedule,
+    outcome: PlanOutcome,
+    outcome_summary: String,
+    applied: Option<AppliedPlan>,
+    failure: Option<SyncFailure>,
+    last_duration: Option<Duration>,
+    pending_changes: BTreeMap<String, SystemTime>,
+    gate: StatusGate,
+    status: watch::Sender<Option<NodeProxyPlanStatus>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    healthchecks: HealthCheckServers,
+}
+
+impl SyncLoop {
+    /// A loop programming `dataplane` (moved to its own thread) and publishing the
+    /// statuses to write on `status`.
+    ///
+    /// # Errors
+    /// When the dataplane thread cannot be started.
+    pub fn new(
+        settings: &Settings,
+        dataplane: impl Dataplane + Send + 'static,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        status: watch::Sender<Option<NodeProxyPlanStatus>>,
+    ) -> Result<Self, RunError> {
+        Ok(Self {
+            node: settings.node_name.clone(),
+            mode: settings.mode,
+            cache: PlanCache::default(),
+            dataplane: DataplaneThread::spawn(dataplane).map_err(RunError::DataplaneThread)?,
+            schedule: SyncSchedule::new(
+                settings.min_sync_interval,
+                settings.sync_period,
+                Instant::now(),
+            ),
+            outcome: PlanOutcome::NotListed,
+            outcome_summary: String::new(),
+            applied: None,
+            failure: None,
+            last_duration: None,
+            pending_changes: BTreeMap::new(),
+            gate: StatusGate::new(settings.status_min_interval),
+            status,
+            healthchecks: HealthCheckServers::new(
+                settings.nodeport_addresses.clone(),
+                health.clone(),
+            ),
+            metrics,
+            health,
+        })
+    }
+
+    /// What the plan and shards amounted to at the last sync.
+    #[must_use]
+    pub fn outcome(&self) -> &PlanOutcome {
+        &self.outcome
+    }
+
+    /// What the kernel holds.
+    #[must_use]
+    pub fn applied(&self) -> Option<&AppliedPlan> {
+        self.applied.as_ref()
+    }
+
+    /// The health-check node ports being served.
+    #[must_use]
+    pub fn health_check_ports(&self) -> Vec<u16> {
+        self.healthchecks.ports()
+    }
+
+    /// Runs until `shutdown` completes or `inputs` ends. `zone_watch` starts the watch
+    /// on a zone's shards; it is called again whenever the plan's zone changes.
+    ///
+    /// # Errors
+    /// When the dataplane thread dies.
+    pub async fn run(
+        &mut self,
+        mut inputs: InputStream,
+        zone_watch: impl Fn(&str) -> InputStream,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RunError> {
+        let mut zone: Option<(String, InputStream)> = None;
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            self.follow_zone(&mut zone, &zone_watch);
+            let (due, kind) = self.schedule.next(self.cache.listed(), Instant::now());
+            let status_due = self.gate.due();
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                input = inputs.next() => match input {
+                    Some(input) => self.handle(input),
+                    None => return Ok(()),
+                },
+                Some(input) = next_zone_input(&mut zone) => self.handle(input),
+                () = tokio::time::sleep_until(due) => self.sync(kind).await?,
+                () = sleep_until(status_due) => self.release_status(),
+            }
+        }
+    }
+
+    /// Starts (or moves) the zone shard watch to the plan's zone.
+    fn follow_zone(
+        &mut self,
+        zone: &mut Option<(String, InputStream)>,
+        zone_watch: &impl Fn(&str) -> InputStream,
+    ) {
+        let wanted = self.cache.wanted_zone();
+        if wanted.as_deref() == zone.as_ref().map(|(slug, _)| slug.as_str()) {
+            return;
+        }
+        if self.cache.watch_zone(wanted.clone()) {
+            self.queue(String::new(), None);
+        }
+        *zone = wanted.map(|slug| {
+            info!(node = %self.node, zone = %slug, "watching the zone's shards");
+            let stream = zone_watch(&slug);
+            (slug, stream)
+        });
+    }
+
+    /// Applies one watch event to the cache.
+    pub fn handle(&mut self, input: Input) {
+        let (key, change) = match input {
+            Input::Plan(event) => {
+                let key = format!("NodeProxyPlan/{}", event_object(&event));
+                let change = self.cache.plan_event(event);
+                if change.new_object {
+                    let observed = self.cache.plan().and_then(|p| p.status.clone());
+                    self.gate.rebase(observed);
+                }
+                (key, change)
+            }
+            Input::ClusterShard(event) => {
+                let key = format!("ProxyPlanShard/{}", event_object(&event));
+                (
+                    key,
+                    self.cache.shard_event(ShardSource::Cluster, None, event),
+                )
+            }
+            Input::ZoneShard(slug, event) => {
+                let key = format!("ProxyPlanShard/{}", event_object(&event));
+                let change = self
+                    .cache
+                    .shard_event(ShardSource::Zone, Some(&slug), event);
+                (key, change)
+            }
+            Input::WatchError(kind, err) => {
+                warn!(
+                    kind,
+                    %err,
+                    "watch failed; retrying with backoff while the kernel keeps the last plan \
+                     (are the proxyplan CRDs installed and may this agent read them?)"
+                );
+                return;
+            }
+        };
+        let Change {
+            relevant,
+            changed_at,
+            ..
+        } = change;
+        if relevant {
+            self.queue(key, changed_at);
+        }
+    }
+
+    fn queue(&mut self, key: String, changed_at: Option<SystemTime>) {
+        self.schedule.changed();
+        self.health.queued();
+        self.metrics
+            .last_queued_timestamp
+            .set(unix_seconds(SystemTime::now()));
+        if let Some(at) = changed_at {
+            self.pending_changes.entry(key).or_insert(at);
+        }
+    }
+
+    /// One sync: evaluate, program the kernel when needed, offer the status.
+    ///
+    /// # Errors
+    /// When the dataplane thread dies.
+    pub async fn sync(&mut self, kind: SyncKind) -> Result<(), RunError> {
+        self.schedule.started(Instant::now());
+        let listed = self.cache.listed();
+        if listed {
+            self.outcome = self.cache.evaluate();
+            self.note_outcome();
+        }
+        let target = match &self.outcome {
+            PlanOutcome::Merged(plan) => Some(plan.clone()),
+            _ => self.applied.as_ref().map(|a| a.plan.clone()),
+        };
+        let needed = kind == SyncKind::Periodic
+            || self.failure.is_some()
+            || target
+                .as_ref()
+                .is_some_and(|t| self.applied.as_ref().is_none_or(|a| !a.is(t)));
+        match target.filter(|_| needed) {
+            Some(target) => {
+                let span = info_span!("sync", node = %self.node, plan_revision = %target.revision);
+                async {
+                    if kind == SyncKind::Periodic {
+                        self.check_canary().await?;
+                    }
+                    self.apply(target).await
+                }
+                .instrument(span)
+                .await?;
+            }
+            None => self.health.settled(),
+        }
+        if listed {
+            self.refresh_status();
+        }
+        Ok(())
+    }
+
+    fn note_outcome(&mut self) {
+        let kept = self.applied.as_ref().map_or_else(
+            || "nothing".to_owned(),
+            |a| format!("revision {}", a.plan.revision),
+        );
+        let summary = match &self.outcome {
+            PlanOutcome::NotListed => return,
+            PlanOutcome::NoPlan => {
+                format!(
+                    "no NodeProxyPlan {} yet; the kernel keeps {kept}",
+                    self.node
+                )
+            }
+            PlanOutcome::Waiting { revision, missing } => format!(
+                "plan revision {revision} waits for shards {}; the kernel keeps {kept}",
+                missing.join(", ")
+            ),
+            PlanOutcome::Invalid { revision, error } => {
+                format!("plan revision {revision} refused: {error}; the kernel keeps {kept}")
+            }
+            PlanOutcome::Merged(plan) => format!("plan revision {}", plan.revision),
+        };
+        if summary == self.outcome_summary {
+            return;
+        }
+        match &self.outcome {
+            PlanOutcome::Invalid { error, .. } => {
+                warn!(node = %self.node, "{summary}");
+                self.metrics
+                    .invalid_plans
+                    .get_or_create(&ReasonLabels {
+                        reason: error.label().to_owned(),
+                    })
+                    .inc();
+                // Never programmed: no latency to measure.
+                self.pending_changes.clear();
+            }
+            PlanOutcome::Merged(_) => debug!(node = %self.node, "{summary}"),
+            _ => info!(node = %self.node, "{summary}"),
+        }
+        self.outcome_summary = summary;
+    }
+
+    async fn check_canary(&mut self) -> Result<(), RunError> {
+        match self
+            .dataplane
+            .rules_intact()
+            .await
+            .map_err(|_| RunError::DataplaneStopped)?
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!("the agent's rules were removed by someone else; restoring them");
+                self.metrics.canary_missing.inc();
+            }
+            Err(err) => warn!(%err, "canary check failed; syncing anyway"),
+        }
+        Ok(())
+    }
+
+    async fn apply(&mut self, target: Arc<MergedPlan>) -> Result<(), RunError> {
+        let started = std::time::Instant::now();
+        let result = self
+            .dataplane
+            .sync(target.clone())
+            .await
+            .map_err(|_| RunError::DataplaneStopped)?;
+        let elapsed = started.elapsed();
+        self.last_duration = Some(elapsed);
+        self.metrics.sync_duration.observe(elapsed.as_secs_f64());
+        match result {
+            Ok(report) => self.synced(target, &report, elapsed),
+            Err(error) => self.sync_failed(&error),
+        }
+        Ok(())
+    }
+
+    fn synced(&mut self, target: Arc<MergedPlan>, report: &SyncReport, elapsed: Duration) {
+        let now = SystemTime::now();
+        if matches!(&self.outcome, PlanOutcome::Merged(m) if Arc::ptr_eq(m, &target)) {
+            for at in std::mem::take(&mut self.pending_changes).into_values() {
+                let latency = now.duration_since(at).unwrap_or_default();
+                self.metrics
+                    .network_programming
+                    .observe(latency.as_secs_f64());
+            }
+        }
+        let applied = AppliedPlan::new(target);
+        let metrics = &self.metrics;
+        metrics.last_sync_timestamp.set(unix_seconds(now));
+        metrics
+            .rules
+            .get_or_create(&ModeLabels {
+                mode: self.mode.as_str().to_owned(),
+            })
+            .set(i64::try_from(report.rules).unwrap_or(i64::MAX));
+        metrics
+            .conntrack_deleted
+            .inc_by(u64::try_from(report.conntrack_deleted).unwrap_or(u64::MAX));
+        metrics.service_ports.set(i64::from(applied.service_ports));
+        metrics.endpoints.set(i64::from(applied.endpoints));
+        self.healthchecks.update(&applied.plan);
+        if report.changed > 0 || self.failure.is_some() {
+            info!(
+                service_ports = applied.service_ports,
+                endpoints = applied.endpoints,
+                rules = report.rules,
+                changed = report.changed,
+                conntrack_deleted = report.conntrack_deleted,
+                elapsed_ms = elapsed.as_millis(),
+                "kernel updated"
+            );
+        } else {
+            debug!(
+                rules = report.rules,
+                elapsed_ms = elapsed.as_millis(),
+                "kernel already up to date"
+            );
+        }
+        self.applied = Some(applied);
+        self.failure = None;
+        self.schedule.succeeded();
+        self.health.updated();
+    }
+
+    fn sync_failed(&mut self, error: &DataplaneError) {
+        error!(%error, "sync failed; retrying with backoff while the kernel keeps what it had");
+        self.metrics
+            .sync_errors
+            .get_or_create(&ReasonLabels {
+                reason: error.label().to_owned(),
+            })
+            .inc();
+        self.failure = Some(SyncFailure {
+            label: error.label(),
+            message: error.to_string(),
+        });
+        self.schedule.failed(Instant::now());
+        self.health.failed();
+    }
+
+    fn refresh_status(&mut self) {
+        let Some(plan) = self.cache.plan() else {
+            return;
+        };
+        let observation = Observation {
+            generation: plan.metadata.generation,
+            outcome: &self.outcome,
+            applied: self.applied.as_ref(),
+            failure: self.failure.as_ref(),
+            mode: self.mode.as_str(),
+            sync_duration: self.last_duration,
+        };
+        let desired = build_status(&observation, self.gate.written(), Timestamp::now());
+        if let Some(status) = self.gate.offer(desired, Instant::now()) {
+            self.status.send_replace(Some(status));
+        }
+    }
+
+    fn release_status(&mut self) {
+        if let Some(status) = self.gate.release(Instant::now()) {
+            self.status.send_replace(Some(status));
+        }
+    }
+}
+
+fn event_object<K: kube::Resource>(event: &Event<K>) -> String {
+    match event {
+        Event::Apply(object) | Event::Delete(object) | Event::InitApply(object) => {
+            object.name_any()
+        }
+        Event::Init | Event::InitDone => String::new(),
+    }
+}
+
+async fn next_zone_input(zone: &mut Option<(String, InputStream)>) -> Option<Input> {
+    match zone {
+        Some((_, stream)) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,729 @@
+//! API tests of `proxyplan-agent run`: the agent against a mock API server that logs and
+//! asserts every request (the watches' exact URIs, each status patch's URI and body) and
+//! a fake dataplane that records what it is asked to program.
+//!
+//! The cluster in every scenario: node `node-a` in zone `eu-west-1a`; cluster shard
+//! `cluster-0` holds the ClusterIP Service `web`, `cluster-1` the LoadBalancer Service `lb`
+//! with `externalTrafficPolicy: Local` and a health-check node port; the zone shard is
+//! empty; the node's overlay gives `lb` its local endpoints. Objects of other nodes and
+//! zones exist too, and the agent must never ask for them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod run_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+use proxyplan_agent::run::{Agent, ProxyMode, RunError, Settings};
+use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard};
+use run_support::{
+    Call, FakeDataplane, FakeHandle, MockApi, NODE, PLANS, SHARDS, TIMEOUT, ZONE, ZONE_SHARD,
+    free_port, http_get, local_override, mk_cluster_shard, mk_entry, mk_local_entry, mk_plan,
+    mk_zone_shard,
+};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const LB_KEY: &str = "default/lb:http/TCP/IPv4";
+
+// ---------------------------------------------------------------------------------------
+// The cluster
+
+fn cluster_0(revision: &str, web_endpoints: &[&str]) -> ProxyPlanShard {
+    mk_cluster_shard(
+        "cluster-0",
+        revision,
+        vec![mk_entry("web", "10.96.0.10", web_endpoints)],
+    )
+}
+
+fn cluster_1(health_check_node_port: u16) -> ProxyPlanShard {
+    mk_cluster_shard(
+        "cluster-1",
+        "c1-1",
+        vec![mk_local_entry("lb", "10.96.0.20", health_check_node_port)],
+    )
+}
+
+fn zone_shard() -> ProxyPlanShard {
+    mk_zone_shard(ZONE_SHARD, ZONE, "z-1", Vec::new())
+}
+
+const ALL_SHARDS: [&str; 3] = ["cluster-0", "cluster-1", ZONE_SHARD];
+
+/// `node-a`'s plan: every shard, and `lb`'s local endpoints on this node.
+fn plan(revision: &str, local: &[&str]) -> NodeProxyPlan {
+    mk_plan(
+        revision,
+        Some(ZONE),
+        &ALL_SHARDS,
+        vec![local_override(LB_KEY, local)],
+    )
+}
+
+/// Puts the cluster: node-a's plan and shards, plus another node's plan and another
+/// zone's shard the agent must not watch.
+fn put_cluster(api: &MockApi, health_check_node_port: u16) {
+    api.put_shard(&cluster_0("c0-1", &["10.244.1.10", "10.244.2.10"]));
+    api.put_shard(&cluster_1(health_check_node_port));
+    api.put_shard(&zone_shard());
+    api.put_shard(&mk_zone_shard(
+        "zone-eu-west-1b-0",
+        "eu-west-1b",
+        "zb-1",
+        Vec::new(),
+    ));
+    api.put_plan(&plan("p1", &["10.244.1.20"]));
+    let mut other = mk_plan("q1", Some("eu-west-1b"), &["cluster-0"], Vec::new());
+    other.metadata.name = Some("node-b".to_owned());
+    other.spec.node_name = "node-b".to_owned();
+    api.put_plan(&other);
+}
+
+/// Objects [`put_cluster`] writes: the resourceVersion every first list returns.
+const CLUSTER_RV: u64 = 6;
+
+// ---------------------------------------------------------------------------------------
+// The agent
+
+fn settings() -> Settings {
+    Settings {
+        node_name: NODE.to_owned(),
+        kubeconfig: None,
+        mode: ProxyMode::Iptables,
+        nodeport_addresses: vec!["127.0.0.0/8".parse().unwrap()],
+        min_sync_interval: Duration::from_millis(20),
+        sync_period: Duration::from_secs(60),
+        status_min_interval: Duration::from_secs(60),
+        healthz_bind_address: ([127, 0, 0, 1], 0).into(),
+        metrics_bind_address: ([127, 0, 0, 1], 0).into(),
+    }
+}
+
+struct Harness {
+    api: MockApi,
+    dataplane: FakeHandle,
+    healthz: SocketAddr,
+    metrics: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), RunError>>,
+}
+
+async fn start(settings: Settings, setup: impl FnOnce(&MockApi)) -> Harness {
+    let (client, api) = MockApi::new();
+    setup(&api);
+    start_with(settings, client, api).await
+}
+
+async fn start_with(settings: Settings, client: kube::Client, api: MockApi) -> Harness {
+    let (fake, dataplane) = FakeDataplane::new();
+    let agent = Agent::bind(settings, client, fake).await.unwrap();
+    let healthz = agent.healthz_address();
+    let metrics = agent.metrics_address();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(agent.run(async {
+        let _ = stopped.await;
+    }));
+    Harness {
+        api,
+        dataplane,
+        healthz,
+        metrics,
+        stop,
+        task,
+    }
+}
+
+impl Harness {
+    /// Stops the agent; it must stop cleanly.
+    async fn stop(self) -> MockApi {
+        let Self {
+            api, stop, task, ..
+        } = self;
+        stop.send(()).unwrap();
+        tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("the agent stops")
+            .unwrap()
+            .unwrap();
+        api
+    }
+
+    /// The first sync and status patch of [`put_cluster`]'s plan. Returns the patch body.
+    async fn first_sync(&mut self) -> Value {
+        let (plan, ok) = self.dataplane.next_sync().await;
+        assert!(ok);
+        assert_eq!(plan.revision, "p1");
+        self.api.expect_status_patch(NODE).await
+    }
+
+    async fn metrics(&self) -> String {
+        let (code, body) = http_get(self.metrics, "/metrics").await.unwrap();
+        assert_eq!(code, 200);
+        body
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Assertions
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+/// Asserts a condition's status and reason, and its observedGeneration.
+fn assert_condition(status: &Value, type_: &str, expected: &str, reason: &str, generation: i64) {
+    let c = condition(status, type_);
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some(expected), Some(reason)),
+        "{type_}: {c}"
+    );
+    assert_eq!(c["observedGeneration"], json!(generation), "{type_}: {c}");
+    assert!(c["lastTransitionTime"].is_string(), "{type_}: {c}");
+    assert!(c["message"].is_string(), "{type_}: {c}");
+}
+
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} not in\n{text}"))
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Polls `GET address/path` until `check` holds.
+async fn eventually_http(
+    address: SocketAddr,
+    path: &str,
+    check: impl Fn(u16, &Value) -> bool,
+) -> (u16, Value) {
+    let mut last = None;
+    let result = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let Ok((code, body)) = http_get(address, path).await {
+                let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                if check(code, &body) {
+                    return (code, body);
+                }
+                last = Some((code, body));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    result.unwrap_or_else(|_| panic!("GET {address}{path}: condition never held; last {last:?}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+
+/// The agent lists and watches its own plan by name, the cluster shards and its zone's
+/// shards by label, and nothing else; programs the merged plan; and writes a status that
+/// says so, by server-side apply to /status under its own field manager.
+#[tokio::test]
+async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert!(ok);
+    assert_eq!(merged.node_name, NODE);
+    assert_eq!(merged.revision, "p1");
+    assert_eq!(
+        merged.shard_revisions,
+        [
+            ("cluster-0", "c0-1"),
+            ("cluster-1", "c1-1"),
+            (ZONE_SHARD, "z-1")
+        ]
+        .map(|(n, r)| (n.to_owned(), r.to_owned()))
+        .into()
+    );
+    let keys: Vec<&str> = merged
+        .service_ports
+        .iter()
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(keys, [LB_KEY, "default/web:http/TCP/IPv4"]);
+    assert_eq!(
+        merged.service_ports[0].local_endpoints.len(),
+        1,
+        "overlay merged"
+    );
+
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert_eq!(body["apiVersion"], "proxyplan.dev/v1alpha1");
+    assert_eq!(body["kind"], "NodeProxyPlan");
+    assert_eq!(body["metadata"], json!({ "name": NODE }));
+    assert!(
+        body.get("spec").is_none(),
+        "the agent never applies the spec"
+    );
+    let status = &body["status"];
+    assert_condition(status, "Ready", "True", "Synced", 1);
+    assert_condition(status, "Degraded", "False", "AsExpected", 1);
+    assert_eq!(status["appliedRevision"], "p1");
+    assert_eq!(
+        status["appliedShards"],
+        json!({ "cluster-0": "c0-1", "cluster-1": "c1-1", ZONE_SHARD: "z-1" })
+    );
+    assert_eq!(status["servicePorts"], 2);
+    // web: 2 cluster endpoints; lb: 2 cluster endpoints + 1 of them local.
+    assert_eq!(status["endpoints"], 4);
+    assert_eq!(status["mode"], "iptables");
+    assert_eq!(status["agentVersion"], env!("CARGO_PKG_VERSION"));
+    assert!(status["syncDurationSeconds"].is_number());
+
+    agent.api.wait_for_watches(3).await;
+    let mut reads = agent.api.reads();
+    reads.sort();
+    let rv = CLUSTER_RV;
+    let mut expected = vec![
+        format!("GET {PLANS}?&fieldSelector=metadata.name%3Dnode-a&limit=500"),
+        format!(
+            "GET {PLANS}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Dnode-a&allowWatchBookmarks=true&resourceVersion={rv}"
+        ),
+        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fscope%3Dcluster&limit=500"),
+        format!(
+            "GET {SHARDS}?&watch=true&timeoutSeconds=290&labelSelector=proxyplan.dev%2Fscope%3Dcluster&allowWatchBookmarks=true&resourceVersion={rv}"
+        ),
+        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1a&limit=500"),
+        format!(
+            "GET {SHARDS}?&watch=true&timeoutSeconds=290&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1a&allowWatchBookmarks=true&resourceVersion={rv}"
+        ),
+    ];
+    expected.sort();
+    assert_eq!(reads, expected);
+
+    agent.api.expect_quiet().await;
+    agent.stop().await;
+}
+
+/// Nothing changed, nothing written: not for a re-sent plan or shard, not for the
+/// periodic resyncs (whose canary check runs, and whose sync durations differ), even
+/// with a status interval short enough to let any real change through.
+#[tokio::test]
+async fn no_status_patch_when_nothing_changed() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            sync_period: Duration::from_millis(150),
+            status_min_interval: Duration::from_millis(50),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    agent.dataplane.slow.store(true, Ordering::SeqCst);
+    agent.first_sync().await;
+
+    // Same specs again (a relabel, a controller re-apply): no sync, no write.
+    agent.api.put_plan(&plan("p1", &["10.244.1.20"]));
+    agent
+        .api
+        .put_shard(&cluster_0("c0-1", &["10.244.1.10", "10.244.2.10"]));
+
+    // Periodic resyncs: canary check, then sync of the same plan; no status write.
+    for _ in 0..3 {
+        assert!(matches!(
+            agent.dataplane.next_call().await,
+            Call::RulesIntact(true)
+        ));
+        let (plan, ok) = agent.dataplane.next_sync().await;
+        assert_eq!((plan.revision.as_str(), ok), ("p1", true));
+    }
+    agent.api.expect_quiet().await;
+    let metrics = agent.metrics().await;
+    assert!(metric_value(&metrics, "kubeproxy_sync_proxy_rules_duration_seconds_sum") > 0.01);
+
+    // Someone flushed the rules: the canary says so, the resync restores them.
+    agent.dataplane.intact.store(false, Ordering::SeqCst);
+    loop {
+        if matches!(agent.dataplane.next_call().await, Call::RulesIntact(false)) {
+            break;
+        }
+    }
+    let (plan, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((plan.revision.as_str(), ok), ("p1", true));
+    let metrics = agent.metrics().await;
+    assert!(metric_value(&metrics, "proxyplan_agent_canary_missing_total") >= 1.0);
+    agent.api.expect_quiet().await;
+    agent.stop().await;
+}
+
+/// An endpoint change of a Cluster-policy Service moves a cluster shard's revision on
+/// every node: the kernel is updated at once, but the status write that only changes
+/// `appliedShards` and counts waits for the status interval, and a burst costs one.
+#[tokio::test]
+async fn shard_change_syncs_at_once_and_writes_status_at_most_once_per_interval() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            status_min_interval: Duration::from_secs(3),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    let first = agent.first_sync().await;
+
+    agent
+        .api
+        .put_shard(&cluster_0("c0-2", &["10.244.1.10", "10.244.2.11"]));
+    let (plan, ok) = agent.dataplane.next_sync().await;
+    assert!(ok);
+    assert_eq!(plan.shard_revisions["cluster-0"], "c0-2");
+    agent.api.put_shard(&cluster_0("c0-3", &["10.244.1.10"]));
+    let (plan, _) = agent.dataplane.next_sync().await;
+    assert_eq!(plan.shard_revisions["cluster-0"], "c0-3");
+    agent.api.expect_quiet().await;
+
+    let body = agent.api.expect_status_patch(NODE).await;
+    let status = &body["status"];
+    assert_eq!(status["appliedShards"]["cluster-0"], "c0-3");
+    assert_eq!(status["endpoints"], 3);
+    assert_eq!(status["appliedRevision"], "p1");
+    assert_eq!(
+        status["conditions"], first["status"]["conditions"],
+        "conditions unchanged, transition times kept"
+    );
+    agent.api.expect_quiet().await;
+    agent.stop().await;
+}
+
+/// A node-specific change (a new plan revision) is written at once, with the new
+/// observedGeneration.
+#[tokio::test]
+async fn plan_revision_change_writes_status_at_once() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+    agent.first_sync().await;
+
+    agent
+        .api
+        .put_plan(&plan("p2", &["10.244.1.20", "10.244.1.21"]));
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((merged.revision.as_str(), ok), ("p2", true));
+    let body = tokio::time::timeout(Duration::from_secs(2), agent.api.expect_status_patch(NODE))
+        .await
+        .expect("written at once, not held for the status interval");
+    let status = &body["status"];
+    assert_eq!(status["appliedRevision"], "p2");
+    assert_condition(status, "Ready", "True", "Synced", 2);
+    assert_eq!(status["endpoints"], 5);
+    agent.stop().await;
+}
+
+/// A plan that fails validation is refused whole: the kernel keeps the last good plan
+/// (resynced periodically), the status says Degraded/InvalidPlan naming the field; a
+/// fixed plan is programmed again.
+#[tokio::test]
+async fn invalid_plan_is_refused_whole_and_the_last_good_plan_stays() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            sync_period: Duration::from_millis(300),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    agent.first_sync().await;
+
+    let mut bad = plan("p2", &["10.244.1.20"]);
+    bad.spec.pod_cidrs = vec!["10.244.1.0/99".to_owned()];
+    agent.api.put_plan(&bad);
+    let body = agent.api.expect_status_patch(NODE).await;
+    let status = &body["status"];
+    assert_condition(status, "Ready", "False", "InvalidPlan", 2);
+    assert_condition(status, "Degraded", "True", "InvalidPlan", 2);
+    let message = condition(status, "Degraded")["message"].as_str().unwrap();
+    assert!(
+        message.contains("NodeProxyPlan/node-a: spec.podCIDRs[0]"),
+        "{message}"
+    );
+    assert_eq!(status["appliedRevision"], "p1", "the last good plan stays");
+
+    // The periodic resync programs the last good plan, never the refused one.
+    for _ in 0..2 {
+        let (merged, ok) = agent.dataplane.next_sync().await;
+        assert_eq!((merged.revision.as_str(), ok), ("p1", true));
+    }
+    let metrics = agent.metrics().await;
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "proxyplan_agent_invalid_plans_total{reason=\"invalid_field\"}"
+        ),
+        1.0
+    );
+
+    agent.api.put_plan(&plan("p3", &["10.244.1.20"]));
+    loop {
+        let (merged, _) = agent.dataplane.next_sync().await;
+        if merged.revision == "p3" {
+            break;
+        }
+    }
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert_condition(&body["status"], "Ready", "True", "Synced", 3);
+    assert_condition(&body["status"], "Degraded", "False", "AsExpected", 3);
+    agent.stop().await;
+}
+
+/// A shard the plan names but the agent has not seen means wait, not fail: nothing is
+/// programmed, the status names the shard; once it arrives, the plan is programmed.
+#[tokio::test]
+async fn missing_shard_means_wait_and_is_reported() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| {
+        api.put_shard(&cluster_0("c0-1", &["10.244.1.10"]));
+        api.put_shard(&zone_shard());
+        api.put_plan(&plan("p1", &["10.244.1.20"]));
+    })
+    .await;
+    let body = agent.api.expect_status_patch(NODE).await;
+    let status = &body["status"];
+    assert_condition(status, "Ready", "False", "WaitingForShards", 1);
+    assert_condition(status, "Degraded", "False", "AsExpected", 1);
+    let message = condition(status, "Ready")["message"].as_str().unwrap();
+    assert!(message.contains("cluster-1"), "{message}");
+    assert!(status.get("appliedRevision").is_none(), "{status}");
+    agent.dataplane.expect_no_sync().await;
+
+    agent.api.put_shard(&cluster_1(hc_port));
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((merged.revision.as_str(), ok), ("p1", true));
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert_condition(&body["status"], "Ready", "True", "Synced", 1);
+    assert_eq!(body["status"]["appliedRevision"], "p1");
+    agent.stop().await;
+}
+
+/// When the plan's zone changes, the zone shard watch moves to the new zone's label.
+#[tokio::test]
+async fn zone_change_moves_the_zone_shard_watch() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+    agent.first_sync().await;
+    agent.api.wait_for_watches(3).await;
+
+    let moved = mk_plan(
+        "p2",
+        Some("eu-west-1b"),
+        &["cluster-0", "cluster-1", "zone-eu-west-1b-0"],
+        vec![local_override(LB_KEY, &["10.244.1.20"])],
+    );
+    agent.api.put_plan(&moved);
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((merged.revision.as_str(), ok), ("p2", true));
+    assert_eq!(merged.shard_revisions["zone-eu-west-1b-0"], "zb-1");
+    agent.api.expect_status_patch(NODE).await;
+
+    let reads = agent.api.reads();
+    let zone_b_list =
+        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1b&limit=500");
+    assert!(reads.contains(&zone_b_list), "{reads:#?}");
+    agent.api.wait_for_watches(3).await;
+    assert_eq!(
+        agent.api.open_watches(),
+        [
+            "Plan Name(\"node-a\")",
+            "Shard Label(\"proxyplan.dev/scope\", \"cluster\")",
+            "Shard Label(\"proxyplan.dev/zone\", \"eu-west-1b\")",
+        ],
+        "the eu-west-1a watch is closed"
+    );
+    agent.stop().await;
+}
+
+/// Failing syncs: Degraded with the error's reason, errors counted by label, and
+/// /healthz answers 503 once a change has waited 2 × sync period; it recovers when a
+/// sync succeeds.
+#[tokio::test]
+async fn failing_syncs_degrade_and_flip_healthz_to_503() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            sync_period: Duration::from_millis(200),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    agent.dataplane.fail.store(true, Ordering::SeqCst);
+    let (_, ok) = agent.dataplane.next_sync().await;
+    assert!(!ok);
+    let body = agent.api.expect_status_patch(NODE).await;
+    let status = &body["status"];
+    assert_condition(status, "Ready", "False", "SyncFailed", 1);
+    assert_condition(status, "Degraded", "True", "ToolFailed", 1);
+    let message = condition(status, "Degraded")["message"].as_str().unwrap();
+    assert!(message.contains("iptables-restore"), "{message}");
+    assert!(status.get("appliedRevision").is_none());
+
+    let (code, body) = eventually_http(agent.healthz, "/healthz", |code, _| code == 503).await;
+    assert_eq!(code, 503);
+    assert!(body["currentTime"].is_string(), "{body}");
+    let metrics = agent.metrics().await;
+    assert!(
+        metric_value(
+            &metrics,
+            "proxyplan_agent_sync_errors_total{reason=\"tool_failed\"}"
+        ) >= 1.0
+    );
+
+    agent.dataplane.fail.store(false, Ordering::SeqCst);
+    eventually_http(agent.healthz, "/healthz", |code, _| code == 200).await;
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert_condition(&body["status"], "Ready", "True", "Synced", 1);
+    assert_eq!(body["status"]["appliedRevision"], "p1");
+    agent.stop().await;
+}
+
+/// Health-check node ports: 200 with the local endpoint count while the Service has
+/// local endpoints, 503 with 0 when it has none, closed when the Service is gone.
+#[tokio::test]
+async fn health_check_node_port_answers_with_the_local_endpoint_count() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| {
+        put_cluster(api, hc_port);
+        api.put_plan(&plan("p1", &["10.244.1.20", "10.244.1.21"]));
+    })
+    .await;
+    agent.first_sync().await;
+    let address: SocketAddr = ([127, 0, 0, 1], hc_port).into();
+    let (code, body) = eventually_http(address, "/", |code, _| code == 200).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        body,
+        json!({
+            "service": { "namespace": "default", "name": "lb" },
+            "localEndpoints": 2,
+            "serviceProxyHealthy": true,
+        })
+    );
+
+    agent.api.put_plan(&plan("p2", &[]));
+    let (code, body) = eventually_http(address, "/healthz", |code, _| code == 503).await;
+    assert_eq!(code, 503);
+    assert_eq!(body["localEndpoints"], 0);
+    assert_eq!(body["service"]["name"], "lb");
+
+    let without_lb = mk_plan("p3", Some(ZONE), &["cluster-0", ZONE_SHARD], Vec::new());
+    agent.api.put_plan(&without_lb);
+    tokio::time::timeout(TIMEOUT, async {
+        while http_get(address, "/").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the health-check port closes");
+    agent.stop().await;
+}
+
+/// /metrics uses kube-proxy's names; a change stamped by the controller two seconds ago
+/// shows in the network programming latency.
+#[tokio::test]
+async fn metrics_use_kube_proxy_names() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+    agent.first_sync().await;
+    let text = agent.metrics().await;
+    assert_eq!(
+        metric_value(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count"),
+        1.0
+    );
+    assert!(metric_value(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
+    assert_eq!(
+        metric_value(&text, "proxyplan_agent_rules{mode=\"iptables\"}"),
+        24.0
+    );
+    assert_eq!(
+        metric_value(
+            &text,
+            "kubeproxy_network_programming_duration_seconds_count"
+        ),
+        0.0,
+        "the initial list is not a change"
+    );
+
+    let mut shard = cluster_0("c0-2", &["10.244.1.10"]);
+    let written =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
+    shard.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("proxyplan-controller".to_owned()),
+        operation: Some("Apply".to_owned()),
+        time: Some(Time(written)),
+        ..ManagedFieldsEntry::default()
+    }]);
+    agent.api.put_shard(&shard);
+    agent.dataplane.next_sync().await;
+    let text = agent.metrics().await;
+    assert_eq!(
+        metric_value(
+            &text,
+            "kubeproxy_network_programming_duration_seconds_count"
+        ),
+        1.0
+    );
+    let latency = metric_value(&text, "kubeproxy_network_programming_duration_seconds_sum");
+    assert!((2.0..10.0).contains(&latency), "{latency}");
+    agent.stop().await;
+}
+
+/// With the API server gone the agent keeps programming its last plan (periodic
+/// resyncs go on) and stays healthy.
+#[tokio::test]
+async fn keeps_programming_the_last_plan_when_the_api_server_is_gone() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            sync_period: Duration::from_millis(200),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    agent.first_sync().await;
+    agent.api.go_offline();
+    for _ in 0..3 {
+        let (merged, ok) = agent.dataplane.next_sync().await;
+        assert_eq!((merged.revision.as_str(), ok), ("p1", true));
+    }
+    let (code, _) = http_get(agent.healthz, "/healthz").await.unwrap();
+    assert_eq!(code, 200);
+    agent.stop().await;
+}
+
+/// A restarted agent finds the status it wrote before on the plan and, programming the
+/// same plan, writes nothing.
+#[tokio::test]
+async fn restarted_agent_writes_no_status_when_it_is_the_same() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+    let first = agent.first_sync().await;
+    agent.stop().await;
+
+    let (client, api) = MockApi::new();
+    put_cluster(&api, hc_port);
+    api.put_plan_with_status(&plan("p1", &["10.244.1.20"]), &first["status"]);
+    let mut agent = start_with(settings(), client, api).await;
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((merged.revision.as_str(), ok), ("p1", true));
+    agent.api.expect_quiet().await;
+    agent.stop().await;
+}
