@@ -10,6 +10,7 @@ pub mod conntrack;
 pub mod kernel;
 pub mod names;
 pub mod render;
+pub mod trace;
 
 use std::collections::BTreeMap;
 

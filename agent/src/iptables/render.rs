@@ -242,10 +242,17 @@ impl<'a> Builder<'a> {
             .cloned()
             .collect();
         if cidrs.is_empty() {
+            // Every local address except loopback: a pod is unreachable from ::1, and
+            // DNAT from 127.0.0.0/8 would need route_localnet=1 (CVE-2020-8558), which
+            // the agent never sets (kube-proxy's nftables mode makes the same choice).
+            let loopback = match self.family {
+                IpFamily::IPv4 => "127.0.0.0/8",
+                IpFamily::IPv6 => "::1/128",
+            };
             self.nat(
                 names::SERVICES,
                 format!(
-                    "{comment} -m addrtype --dst-type LOCAL -j {}",
+                    "{comment} -m addrtype --dst-type LOCAL ! -d {loopback} -j {}",
                     names::NODEPORTS
                 ),
             );
