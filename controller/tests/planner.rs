@@ -1629,11 +1629,14 @@ fn node_changing_zone_changes_its_shard_references() {
     let mut p = cluster(&[web()], &[hinted]);
     let (plan, _) = p.node_view("node-a").unwrap_or_else(|| panic!("no plan"));
     let refs: Vec<String> = plan.spec.shards.iter().map(|s| s.name.clone()).collect();
+    let clusters = p.config().cluster_shards as usize;
     assert_eq!(
-        refs[..32],
-        (0..32).map(|n| format!("cluster-{n}")).collect::<Vec<_>>()[..]
+        refs[..clusters],
+        (0..clusters)
+            .map(|n| format!("cluster-{n}"))
+            .collect::<Vec<_>>()[..]
     );
-    assert_eq!(refs[32..], zone_shards("zone-1")[..]);
+    assert_eq!(refs[clusters..], zone_shards("zone-1")[..]);
     assert_eq!(
         entry(&view(&p, "node-a"), WEB).cluster_endpoints,
         eps(&[("10.0.1.1", 8080)])
@@ -1647,7 +1650,7 @@ fn node_changing_zone_changes_its_shard_references() {
     let (plan, _) = p.node_view("node-a").unwrap_or_else(|| panic!("no plan"));
     assert_eq!(plan.spec.zone.as_deref(), Some("zone-2"));
     let refs: Vec<String> = plan.spec.shards.iter().map(|s| s.name.clone()).collect();
-    assert_eq!(refs[32..], zone_shards("zone-2")[..]);
+    assert_eq!(refs[clusters..], zone_shards("zone-2")[..]);
     assert_eq!(
         entry(&view(&p, "node-a"), WEB).cluster_endpoints,
         eps(&[("10.0.2.1", 8080)])
