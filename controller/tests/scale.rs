@@ -142,6 +142,9 @@ fn largest<'a, T: serde::Serialize + 'a>(
         .unwrap()
 }
 
+const CLUSTER_SHARDS: usize = proxyplan_controller::config::DEFAULT_CLUSTER_SHARDS as usize;
+const ZONE_SHARDS: usize = proxyplan_controller::config::DEFAULT_ZONE_SHARDS as usize;
+
 #[test]
 fn no_object_exceeds_1_mib_and_none_grows_with_the_node_count() {
     let [few, many] = NODE_COUNTS.map(Fixture::new);
@@ -154,7 +157,7 @@ fn no_object_exceeds_1_mib_and_none_grows_with_the_node_count() {
             assert!(*size < ONE_MIB, "{name} is {size} bytes");
         }
         // The shard set depends on the zones, not on the nodes.
-        assert_eq!(fixture.shards.len(), 32 + 10 * 4);
+        assert_eq!(fixture.shards.len(), CLUSTER_SHARDS + 10 * ZONE_SHARDS);
         largest_shards.push(shard);
         largest_plans.push(plan);
     }
@@ -351,7 +354,11 @@ fn every_node_plan_merges_with_its_shards() {
         for (name, plan) in &fixture.plans {
             let zone = plan.spec.zone.as_ref();
             assert!(zone.is_some(), "{name}: no zone");
-            assert_eq!(plan.spec.shards.len(), 32 + 4, "{name}");
+            assert_eq!(
+                plan.spec.shards.len(),
+                CLUSTER_SHARDS + ZONE_SHARDS,
+                "{name}"
+            );
             for shard_ref in &plan.spec.shards {
                 let shard = &fixture.shards[&shard_ref.name];
                 if shard.spec.scope == ShardScope::Zone {
