@@ -642,7 +642,14 @@ async fn metrics_use_kube_proxy_names() {
     let hc_port = free_port();
     let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
     agent.first_sync().await;
-    let text = agent.metrics().await;
+    let mut text = agent.metrics().await;
+    for _ in 0..100 {
+        if metric_value(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = agent.metrics().await;
+    }
     assert_eq!(
         metric_value(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count"),
         1.0
@@ -672,7 +679,19 @@ async fn metrics_use_kube_proxy_names() {
     }]);
     agent.api.put_shard(&shard);
     agent.dataplane.next_sync().await;
-    let text = agent.metrics().await;
+    // The loop records the latency right after the dataplane returns: wait for it.
+    let mut text = agent.metrics().await;
+    for _ in 0..100 {
+        if metric_value(
+            &text,
+            "kubeproxy_network_programming_duration_seconds_count",
+        ) >= 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = agent.metrics().await;
+    }
     assert_eq!(
         metric_value(
             &text,
