@@ -8,4 +8,17 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --workspace --locked --no-fail-fast
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# One closing line for the whole run: the sum of every test binary's result line.
+awk '/^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            if ($(i+1) ~ /^passed/) p += $i
+            if ($(i+1) ~ /^failed/) f += $i
+            if ($(i+1) ~ /^ignored/) s += $i
+        }
+     }
+     END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+exit "$status"
