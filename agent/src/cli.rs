@@ -10,8 +10,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::iptables::{BackendChoice, CommandRunner, IptablesDataplane, RenderSettings};
-use proxyplan_agent::run::{self, Cidr, ProxyMode, parse_duration, plan_file};
+use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
 use proxyplan_crds::TrafficPolicy;
+use proxyplan_crds::runtime::parse_duration;
 
 /// Programs this node's kernel from its NodeProxyPlan.
 #[derive(Debug, Parser)]

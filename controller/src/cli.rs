@@ -115,7 +115,7 @@ struct RunArgs {
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
     /// Minimum time between two writes of plans: bursts of events are coalesced.
-    #[arg(long, value_parser = humantime_secs, default_value = "1s")]
+    #[arg(long, value_parser = proxyplan_crds::runtime::parse_duration, default_value = "1s")]
     min_sync_interval: Duration,
     /// Address of /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
@@ -137,22 +137,6 @@ struct RunArgs {
     log: String,
     #[command(flatten)]
     policy: PolicyArgs,
-}
-
-fn humantime_secs(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |i| text.split_at(i));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 500ms or 2s"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        _ => return Err(format!("{text:?}: unit must be ms, s or m")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 impl Cli {

@@ -11,6 +11,7 @@
 //! - nothing here lists nodes, so no object grows with the node count.
 
 mod revision;
+pub mod runtime;
 mod validate;
 
 use std::collections::BTreeMap;

@@ -9,8 +9,9 @@
 //! Built-in chains are never flushed; the agent only inserts and deletes its own jumps in
 //! them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::render::ChainRevisions;
 use super::{BaseJump, FamilyRules, REVISION_PREFIX, TableName, TableRules, names};
 
 /// One owned chain as the kernel holds it.
@@ -249,18 +250,37 @@ impl<'a> TableDiff<'a> {
     /// The changes that bring `kernel` to `desired`.
     #[must_use]
     pub fn new(table: TableName, desired: &'a TableRules, kernel: &KernelTable) -> Self {
+        Self::with_revisions(table, desired, kernel, None)
+    }
+
+    /// [`TableDiff::new`], with the revisions of `desired`'s chains already computed
+    /// (chains missing from `revisions` are hashed here).
+    #[must_use]
+    pub fn with_revisions(
+        table: TableName,
+        desired: &'a TableRules,
+        kernel: &KernelTable,
+        revisions: Option<&HashMap<String, String>>,
+    ) -> Self {
         let mut write = Vec::new();
         for (name, rules) in &desired.chains {
-            let revision = TableRules::revision(rules);
+            let computed;
+            let revision: &str = match revisions.and_then(|r| r.get(name)) {
+                Some(known) => known,
+                None => {
+                    computed = TableRules::revision(rules);
+                    &computed
+                }
+            };
             let current = kernel.chains.get(name.as_str());
             let unchanged = current.is_some_and(|c| {
-                c.revision.as_deref() == Some(revision.as_str()) && c.rules == rules.len() + 1
+                c.revision.as_deref() == Some(revision) && c.rules == rules.len() + 1
             });
             if !unchanged {
                 write.push(ChainWrite {
                     name,
                     rules,
-                    revision,
+                    revision: revision.to_owned(),
                 });
             }
         }
@@ -457,9 +477,29 @@ impl<'a> FamilyDiff<'a> {
     /// The changes that bring `kernel` to `desired`.
     #[must_use]
     pub fn new(desired: &'a FamilyRules, kernel: &KernelFamily) -> Self {
+        Self::with_revisions(desired, kernel, None)
+    }
+
+    /// [`FamilyDiff::new`], with the chain revisions already computed.
+    #[must_use]
+    pub fn with_revisions(
+        desired: &'a FamilyRules,
+        kernel: &KernelFamily,
+        revisions: Option<&ChainRevisions>,
+    ) -> Self {
         Self {
-            filter: TableDiff::new(TableName::Filter, &desired.filter, &kernel.filter),
-            nat: TableDiff::new(TableName::Nat, &desired.nat, &kernel.nat),
+            filter: TableDiff::with_revisions(
+                TableName::Filter,
+                &desired.filter,
+                &kernel.filter,
+                revisions.map(|r| r.table(TableName::Filter)),
+            ),
+            nat: TableDiff::with_revisions(
+                TableName::Nat,
+                &desired.nat,
+                &kernel.nat,
+                revisions.map(|r| r.table(TableName::Nat)),
+            ),
         }
     }
 

@@ -20,7 +20,8 @@ use proxyplan_crds::MergedPlan;
 
 use super::apply::{FamilyDiff, KernelFamily, KernelTable};
 use super::conntrack::{self, StaleFlows, UdpPaths};
-use super::{Family, FamilyRules, RenderSettings, TableName, names, render};
+use super::render::{ChainRevisions, RenderCache};
+use super::{Family, FamilyRules, RenderSettings, TableName, names};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 
 /// What a command printed and how it ended.
@@ -315,6 +316,8 @@ pub struct IptablesDataplane<R> {
     programmed: [bool; 2],
     /// The UDP paths of the last plan synced, for stale conntrack entries.
     udp: Option<UdpPaths>,
+    /// The rules of the last plan rendered, reused entry by entry.
+    rendered: RenderCache,
 }
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
@@ -337,6 +340,7 @@ impl<R: Runner> IptablesDataplane<R> {
             kernel: [None, None],
             programmed: [false, false],
             udp: None,
+            rendered: RenderCache::default(),
         }
     }
 
@@ -411,6 +415,7 @@ impl<R: Runner> IptablesDataplane<R> {
         &mut self,
         family: Family,
         desired: &FamilyRules,
+        revisions: Option<&ChainRevisions>,
         dry_run: bool,
     ) -> Result<(String, usize), DataplaneError> {
         let i = index(family);
@@ -419,10 +424,10 @@ impl<R: Runner> IptablesDataplane<R> {
             Some(kernel) => kernel,
             None => self.read_family(family, wanted)?,
         };
-        let mut diff = FamilyDiff::new(desired, &kernel);
+        let mut diff = FamilyDiff::with_revisions(desired, &kernel, revisions);
         if diff.needs_fresh_positions() {
             kernel = self.read_family(family, wanted)?;
-            diff = FamilyDiff::new(desired, &kernel);
+            diff = FamilyDiff::with_revisions(desired, &kernel, revisions);
         }
         let payload = diff.restore_payload();
         if !payload.is_empty() && !dry_run {
@@ -436,6 +441,40 @@ impl<R: Runner> IptablesDataplane<R> {
         kernel.nat.positions_fresh = false;
         self.kernel[i] = Some(kernel);
         Ok((payload, changed))
+    }
+
+    /// [`Dataplane::sync`] with the rules from `rendered`.
+    fn sync_rendered(
+        &mut self,
+        rendered: &mut RenderCache,
+        plan: &MergedPlan,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let desired = rendered.update(plan, &self.settings);
+        let mut report = SyncReport {
+            rules: desired.iter().map(|(r, _)| r.rule_count()).sum(),
+            ..SyncReport::default()
+        };
+        for (family, (rules, revisions)) in FAMILIES.into_iter().zip(desired) {
+            let (payload, changed) = self.sync_family(family, rules, Some(revisions), dry_run)?;
+            if !payload.is_empty() {
+                report
+                    .payload
+                    .push_str(&family_header(self.backend, family));
+                report.payload.push_str(&payload);
+            }
+            report.changed += changed;
+            if !dry_run {
+                self.programmed[index(family)] = rules.rule_count() > 0;
+            }
+        }
+        let next = UdpPaths::from_plan(plan);
+        report.conntrack_deleted =
+            self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
+        if !dry_run {
+            self.udp = Some(next);
+        }
+        Ok(report)
     }
 
     /// Deletes the UDP conntrack entries the move to `next` made stale.
@@ -504,32 +543,12 @@ fn family_header(backend: Backend, family: Family) -> String {
 
 impl<R: Runner> Dataplane for IptablesDataplane<R> {
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
-        let desired = render(plan, &self.settings);
-        let mut report = SyncReport {
-            rules: desired.v4.rule_count() + desired.v6.rule_count(),
-            ..SyncReport::default()
-        };
-        for family in FAMILIES {
-            let rules = desired.family(family);
-            let (payload, changed) = self.sync_family(family, rules, dry_run)?;
-            if !payload.is_empty() {
-                report
-                    .payload
-                    .push_str(&family_header(self.backend, family));
-                report.payload.push_str(&payload);
-            }
-            report.changed += changed;
-            if !dry_run {
-                self.programmed[index(family)] = rules.rule_count() > 0;
-            }
-        }
-        let next = UdpPaths::from_plan(plan);
-        report.conntrack_deleted =
-            self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
-        if !dry_run {
-            self.udp = Some(next);
-        }
-        Ok(report)
+        // Taken out while syncing (the sync borrows `self` mutably); the cache depends
+        // only on the plans rendered, so it stays valid whatever the kernel says.
+        let mut rendered = std::mem::take(&mut self.rendered);
+        let result = self.sync_rendered(&mut rendered, plan, dry_run);
+        self.rendered = rendered;
+        result
     }
 
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
@@ -553,7 +572,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         for family in FAMILIES {
             // Always from a fresh read: leftovers of an earlier run count too.
             self.kernel[index(family)] = None;
-            let (payload, changed) = self.sync_family(family, &nothing, false)?;
+            let (payload, changed) = self.sync_family(family, &nothing, None, false)?;
             if !payload.is_empty() {
                 report
                     .payload

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use kube::{Api, Client};
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::dataplane::Dataplane;
 pub use healthcheck::Cidr;
@@ -111,10 +111,12 @@ pub async fn run(
     settings: Settings,
     dataplane: impl Dataplane + Send + 'static,
 ) -> Result<(), RunError> {
-    let client = client(settings.kubeconfig.as_ref()).await?;
+    let client = proxyplan_crds::runtime::client(settings.kubeconfig.as_deref())
+        .await
+        .map_err(|e| RunError::Config(e.to_string()))?;
     Agent::bind(settings, client, dataplane)
         .await?
-        .run(shutdown_signal())
+        .run(proxyplan_crds::runtime::shutdown_signal())
         .await
 }
 
@@ -217,97 +219,4 @@ async fn bind(address: SocketAddr, what: &str) -> Result<(TcpListener, SocketAdd
     let listener = TcpListener::bind(address).await.map_err(error)?;
     let local = listener.local_addr().map_err(error)?;
     Ok((listener, local))
-}
-
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, RunError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| RunError::Config(format!("not in a cluster and no --kubeconfig: {e}")))?,
-    };
-    Client::try_from(config).map_err(|e| RunError::Config(e.to_string()))
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(err) => {
-                    warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops the agent");
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-/// Parses a duration as kube-proxy's flags spell it: `500ms`, `1s`, `30s`, `1m30s`,
-/// `2h`; a bare number is seconds.
-///
-/// # Errors
-/// When the text is not such a duration.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 500ms, 30s or 1m30s");
-    if text.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(seconds) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
-    }
-    let mut total = 0.0_f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .ok_or_else(bad)?;
-        let (number, after) = rest.split_at(split);
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, next) = after.split_at(unit_len);
-        let value: f64 = number.parse().map_err(|_| bad())?;
-        total += value
-            * match unit {
-                "ms" => 0.001,
-                "s" => 1.0,
-                "m" => 60.0,
-                "h" => 3600.0,
-                _ => return Err(bad()),
-            };
-        rest = next;
-    }
-    Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_as_kube_proxy_spells_them() {
-        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "s", "1x", "1s2", "-1s", "ms"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 }

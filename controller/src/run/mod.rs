@@ -80,7 +80,9 @@ pub enum RunError {
 /// # Errors
 /// When no client can be configured or the HTTP servers cannot bind.
 pub async fn run(settings: Settings) -> Result<(), RunError> {
-    let client = client(settings.kubeconfig.as_ref()).await?;
+    let client = proxyplan_crds::runtime::client(settings.kubeconfig.as_deref())
+        .await
+        .map_err(|e| RunError::Config(e.to_string()))?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let http = tokio::spawn(http::serve(
@@ -103,7 +105,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let mut sync = SyncLoop::new(client.clone(), &settings, metrics, health);
     tokio::select! {
         () = sync.run(inputs(&client), leader_rx) => {}
-        () = shutdown_signal() => info!("shutting down"),
+        () = proxyplan_crds::runtime::shutdown_signal() => info!("shutting down"),
         result = http => {
             if let Ok(Err(err)) = result {
                 return Err(RunError::Http(err));
@@ -116,43 +118,6 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         warn!(%err, "could not release the leader Lease; another replica takes over when it expires");
     }
     Ok(())
-}
-
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, RunError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| RunError::Config(format!("--kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| RunError::Config(format!("not in a cluster and no --kubeconfig: {e}")))?,
-    };
-    Client::try_from(config).map_err(|e| RunError::Config(e.to_string()))
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(err) => {
-                    warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops the controller");
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Runs election rounds until stopped, publishing whether we lead.

@@ -1,0 +1,687 @@
+//! iptables-mode agent benchmark (DESIGN §7) on the real kernel: a node's merged plan from
+//! a synthetic cluster, programmed into a throwaway network namespace with
+//! [`IptablesDataplane`] over `ip netns exec`. Prints one table.
+//!
+//! `cargo bench -p proxyplan-agent --bench iptables` runs 10,000 Services × 10 endpoints
+//! (5 % Local, 5 % zone-hinted) and 1,000 Services, each on the nft back end and the
+//! legacy one. Per column: the first full apply (time, rules, `iptables-save` lines,
+//! payload), an unchanged resync (from the model), a full resync (kernel re-read), one
+//! endpoint change at a time (a Cluster-policy Service's pod moved: planner → new merged
+//! plan → `sync` returns; median / p99), cleanup, and the memory of the real
+//! `proxyplan-agent apply` binary on the same plan file.
+//!
+//! Environment: `AGENT_BENCH_SIZES` (comma-separated Service counts, default
+//! `10000,1000`), `AGENT_BENCH_BACKENDS` (default `nft,legacy`), `AGENT_BENCH_ENDPOINTS`
+//! (10), `AGENT_BENCH_NODES` (100), `AGENT_BENCH_ZONES` (10), `AGENT_BENCH_LOCAL` (0.05),
+//! `AGENT_BENCH_HINTED` (0.05), `AGENT_BENCH_CHANGES` (50), `AGENT_BENCH_SEED` (1),
+//! `AGENT_BENCH_BINARY` (`1`: also measure the real binary; `0`: skip),
+//! `AGENT_BENCH_BINARY_BACKEND` (the binary's `--iptables-backend`, default `nft`). Without `--bench`
+//! (as `cargo test --benches` runs it) the defaults shrink to a smoke test.
+//!
+//! Needs root (network namespaces): otherwise it prints SKIPPED and exits 0. Each size
+//! runs in a child process of this binary so that its peak memory is its own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::iptables::{Backend, CommandRunner, IptablesDataplane, RenderSettings};
+use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
+use proxyplan_controller::{DesiredObject, Planner};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
+use serde::{Deserialize, Serialize};
+
+const CHILD_VAR: &str = "AGENT_BENCH_CHILD_SERVICES";
+const RESULT_PREFIX: &str = "AGENT_BENCH_RESULT ";
+const NODE: &str = "node-00000";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(text) => text
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={text:?} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn spec(services: usize) -> SyntheticSpec {
+    SyntheticSpec {
+        services,
+        endpoints_per_service: env_or("AGENT_BENCH_ENDPOINTS", 10),
+        nodes: env_or("AGENT_BENCH_NODES", if full() { 100 } else { 10 }),
+        zones: env_or("AGENT_BENCH_ZONES", if full() { 10 } else { 2 }),
+        local_fraction: env_or("AGENT_BENCH_LOCAL", 0.05),
+        hinted_fraction: env_or("AGENT_BENCH_HINTED", 0.05),
+        seed: env_or("AGENT_BENCH_SEED", 1),
+    }
+}
+
+fn sizes() -> Vec<usize> {
+    let default = if full() { "10000,1000" } else { "100" };
+    std::env::var("AGENT_BENCH_SIZES")
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().parse().expect("AGENT_BENCH_SIZES: numbers"))
+        .collect()
+}
+
+fn backends() -> Vec<String> {
+    std::env::var("AGENT_BENCH_BACKENDS")
+        .unwrap_or_else(|_| "nft,legacy".to_owned())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+/// What one back end measured at one size.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct BackendResult {
+    backend: String,
+    error: Option<String>,
+    first_apply: Option<Duration>,
+    rules: usize,
+    save_lines: usize,
+    first_payload: (usize, usize),
+    resync: Option<Duration>,
+    full_resync: Option<Duration>,
+    change_times: Vec<Duration>,
+    change_dry: Vec<Duration>,
+    change_payload_lines: Vec<usize>,
+    change_payload_bytes: Vec<usize>,
+    change_chains: Vec<usize>,
+    cleanup: Option<Duration>,
+}
+
+/// The real binary's `apply` of the plan file.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct BinaryResult {
+    error: Option<String>,
+    wall: Option<Duration>,
+    /// `/usr/bin/time -v` "Maximum resident set size" (the agent and the tools it ran).
+    max_rss_kib: u64,
+    /// The agent process's own `VmHWM`, polled.
+    own_hwm_kib: u64,
+    plan_file_bytes: usize,
+}
+
+/// What one size measured.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SizeResult {
+    services: usize,
+    service_ports: usize,
+    endpoints: usize,
+    plan_ready: Duration,
+    backends: Vec<BackendResult>,
+    binary: BinaryResult,
+    bench_hwm_kib: u64,
+}
+
+/// A field of `/proc/PID/status`, in KiB.
+fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// A network namespace deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("ppbench-{}-{tag}", std::process::id());
+        let status = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("ip netns add");
+        assert!(status.success(), "ip netns add {name} failed");
+        let _ = Command::new("ip")
+            .args(["netns", "exec", &name, "ip", "link", "set", "lo", "up"])
+            .status();
+        Self(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+/// The node's plan and every shard, kept up to date from the planner's changes.
+struct Objects {
+    plan: Option<NodeProxyPlan>,
+    shards: BTreeMap<String, ProxyPlanShard>,
+}
+
+impl Objects {
+    fn take(&mut self, planner: &mut Planner) {
+        let changes = planner.take_changes();
+        for object in changes.apply {
+            match object {
+                DesiredObject::Plan(p) => {
+                    if p.metadata.name.as_deref() == Some(NODE) {
+                        self.plan = Some(p);
+                    }
+                }
+                DesiredObject::Shard(s) => {
+                    self.shards
+                        .insert(s.metadata.name.clone().unwrap_or_default(), s);
+                }
+            }
+        }
+        for name in changes.delete {
+            self.shards.remove(&name.name());
+        }
+    }
+
+    fn named_shards(&self) -> Vec<ProxyPlanShard> {
+        let plan = self.plan.as_ref().expect("node plan");
+        plan.spec
+            .shards
+            .iter()
+            .filter_map(|r| self.shards.get(&r.name).cloned())
+            .collect()
+    }
+
+    fn merged(&self) -> MergedPlan {
+        merge(self.plan.as_ref().expect("node plan"), &self.named_shards()).expect("plan merges")
+    }
+
+    fn write_file(&self, path: &Path) -> usize {
+        let mut text = format!(
+            "---\n{}",
+            serde_yaml::to_string(self.plan.as_ref().unwrap()).unwrap()
+        );
+        for shard in self.named_shards() {
+            text.push_str("---\n");
+            text.push_str(&serde_yaml::to_string(&shard).unwrap());
+        }
+        std::fs::write(path, &text).expect("plan file");
+        text.len()
+    }
+}
+
+fn netns_output(ns: &str, program: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .args(args)
+        .output()
+        .expect("ip netns exec");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs one back end at one size in a fresh namespace.
+fn run_backend(
+    name: &str,
+    cluster: &mut SyntheticCluster,
+    planner: &mut Planner,
+    objects: &mut Objects,
+    changes: usize,
+) -> BackendResult {
+    let mut result = BackendResult {
+        backend: name.to_owned(),
+        ..BackendResult::default()
+    };
+    let backend = match name {
+        "nft" => Backend::Nft,
+        "legacy" => Backend::Legacy,
+        other => {
+            result.error = Some(format!("unknown back end {other}"));
+            return result;
+        }
+    };
+    let ns = Netns::new(name);
+    let mut dp = IptablesDataplane::new(
+        RenderSettings::default(),
+        CommandRunner::in_netns(&ns.0),
+        backend,
+    );
+    let merged = objects.merged();
+    let start = Instant::now();
+    let report = match dp.sync(&merged, false) {
+        Ok(r) => r,
+        Err(err) => {
+            result.error = Some(err.to_string());
+            return result;
+        }
+    };
+    result.first_apply = Some(start.elapsed());
+    eprintln!(
+        "  {name}: first apply {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+    result.rules = report.rules;
+    result.first_payload = (report.payload.len(), report.payload.lines().count());
+    drop(report);
+    let save = backend_save(backend);
+    result.save_lines = ["-t", "filter", "-t", "nat"]
+        .chunks(2)
+        .map(|args| netns_output(&ns.0, &save, args).lines().count())
+        .sum();
+
+    let start = Instant::now();
+    let report = dp.sync(&merged, false).expect("unchanged resync");
+    result.resync = Some(start.elapsed());
+    assert!(report.payload.is_empty(), "unchanged resync sent something");
+    dp.invalidate();
+    let start = Instant::now();
+    let report = dp.sync(&merged, false).expect("full resync");
+    result.full_resync = Some(start.elapsed());
+    assert!(report.payload.is_empty(), "full resync sent something");
+    drop(merged);
+
+    let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
+    for k in 0..changes {
+        let service = candidates[(k * 7_919 + 13) % candidates.len()];
+        let change = cluster.move_endpoint(service).expect("endpoint change");
+        planner.apply_slice(&change.slice).expect("slice accepted");
+        objects.take(planner);
+        let merged = objects.merged();
+        // Plan received: the dry run is render + diff + payload, without the kernel.
+        let start = Instant::now();
+        let dry = dp.sync(&merged, true).expect("dry run");
+        result.change_dry.push(start.elapsed());
+        drop(dry);
+        let start = Instant::now();
+        let report = dp.sync(&merged, false).expect("endpoint change sync");
+        result.change_times.push(start.elapsed());
+        result
+            .change_payload_lines
+            .push(report.payload.lines().count());
+        result.change_payload_bytes.push(report.payload.len());
+        result.change_chains.push(report.changed);
+    }
+    let start = Instant::now();
+    dp.cleanup().expect("cleanup");
+    result.cleanup = Some(start.elapsed());
+    result
+}
+
+fn backend_save(backend: Backend) -> String {
+    match backend {
+        Backend::Nft => "iptables-nft-save".into(),
+        Backend::Legacy => "iptables-legacy-save".into(),
+    }
+}
+
+fn binary_backend() -> String {
+    std::env::var("AGENT_BENCH_BINARY_BACKEND").unwrap_or_else(|_| "nft".to_owned())
+}
+
+/// `proxyplan-agent apply --plan FILE` under `/usr/bin/time -v` in a fresh namespace.
+fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
+    let mut result = BinaryResult::default();
+    let file = dir.join(format!("plan-{}.yaml", std::process::id()));
+    result.plan_file_bytes = objects.write_file(&file);
+    let ns = Netns::new("bin");
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_proxyplan-agent"));
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "/usr/bin/time", "-v"])
+        .arg(&agent)
+        .args(["apply", "--iptables-backend", &binary_backend(), "--plan"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent binary");
+    // `ip netns exec` execs time, which forks the agent: poll its VmHWM.
+    let time_pid = child.id().to_string();
+    let mut hwm = 0;
+    let mut agent_pid: Option<String> = None;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if agent_pid.is_none() {
+            agent_pid =
+                std::fs::read_to_string(format!("/proc/{time_pid}/task/{time_pid}/children"))
+                    .ok()
+                    .and_then(|c| c.split_whitespace().next().map(str::to_owned));
+        }
+        if let Some(pid) = &agent_pid
+            && let Some(kib) = proc_status_kib(pid, "VmHWM")
+        {
+            hwm = hwm.max(kib);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let output = child.wait_with_output().expect("agent output");
+    result.wall = Some(start.elapsed());
+    result.own_hwm_kib = hwm;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        result.error = Some(stderr.lines().take(3).collect::<Vec<_>>().join(" "));
+    }
+    result.max_rss_kib = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let _ = std::fs::remove_file(&file);
+    result
+}
+
+fn run_size(services: usize) -> SizeResult {
+    let start = Instant::now();
+    let spec = spec(services);
+    let mut cluster = SyntheticCluster::generate(&spec).expect("synthetic cluster");
+    let mut planner = Planner::new(SyntheticCluster::planner_config());
+    let errors = cluster.load_into(&mut planner);
+    assert!(errors.is_empty(), "planner refused objects: {errors:?}");
+    let mut objects = Objects {
+        plan: None,
+        shards: BTreeMap::new(),
+    };
+    objects.take(&mut planner);
+    let merged = objects.merged();
+    let mut result = SizeResult {
+        services,
+        service_ports: merged.service_ports.len(),
+        endpoints: merged
+            .service_ports
+            .iter()
+            .map(|e| e.cluster_endpoints.len())
+            .sum(),
+        plan_ready: start.elapsed(),
+        ..SizeResult::default()
+    };
+    drop(merged);
+    let changes = env_or("AGENT_BENCH_CHANGES", if full() { 50 } else { 5 });
+    for backend in backends() {
+        eprintln!("agent bench: {services} Services, {backend} ...");
+        let r = run_backend(&backend, &mut cluster, &mut planner, &mut objects, changes);
+        eprintln!("  {backend}: {}", serde_json::to_string(&r).unwrap());
+        result.backends.push(r);
+    }
+    result.bench_hwm_kib = proc_status_kib("self", "VmHWM").unwrap_or(0);
+    if env_or("AGENT_BENCH_BINARY", 1) == 1 {
+        eprintln!("agent bench: {services} Services, real binary ...");
+        let dir = std::env::temp_dir();
+        result.binary = run_binary(&objects, &dir);
+        eprintln!(
+            "  binary: {}",
+            serde_json::to_string(&result.binary).unwrap()
+        );
+    }
+    result
+}
+
+/// The `q` quantile (nearest rank) of `values`.
+fn quantile<T: Copy + Ord>(values: &[T], q: f64) -> Option<T> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn time(d: Option<Duration>) -> String {
+    match d {
+        Some(d) if d >= Duration::from_secs(10) => format!("{:.1} s", d.as_secs_f64()),
+        Some(d) => ms(d),
+        None => "-".into(),
+    }
+}
+
+fn mib(kib: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let value = kib as f64 / 1024.0;
+    format!("{value:.1} MiB")
+}
+
+fn bytes(n: usize) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let kib = n as f64 / 1024.0;
+    if kib >= 1024.0 {
+        format!("{:.1} MiB", kib / 1024.0)
+    } else {
+        format!("{kib:.1} KiB")
+    }
+}
+
+fn med_p99(values: &[Duration]) -> String {
+    match (quantile(values, 0.5), quantile(values, 0.99)) {
+        (Some(m), Some(p)) => format!("{} / {}", ms(m), ms(p)),
+        _ => "-".into(),
+    }
+}
+
+fn print_table(results: &[SizeResult]) {
+    let s = spec(0);
+    println!(
+        "\nproxyplan agent, iptables mode, real kernel (netns), node {NODE}: Services x {} endpoints, {:.0} % Local, {:.0} % zone-hinted, {} nodes in {} zones, seed {}; changes: one Cluster-policy endpoint moved at a time",
+        s.endpoints_per_service,
+        s.local_fraction * 100.0,
+        s.hinted_fraction * 100.0,
+        s.nodes,
+        s.zones,
+        s.seed
+    );
+    let columns: Vec<(&SizeResult, &BackendResult)> = results
+        .iter()
+        .flat_map(|r| r.backends.iter().map(move |b| (r, b)))
+        .collect();
+    type Cell = fn(&SizeResult, &BackendResult) -> String;
+    let ok = |b: &BackendResult, f: &dyn Fn() -> String| match &b.error {
+        Some(e) => format!("failed: {}", e.chars().take(40).collect::<String>()),
+        None => f(),
+    };
+    let rows: Vec<(&str, Cell, &str)> = vec![
+        (
+            "service ports / endpoints in the merged plan",
+            |r, _| format!("{} / {}", r.service_ports, r.endpoints),
+            "",
+        ),
+        (
+            "first full apply (sync, empty netns)",
+            |_, b| time(b.first_apply),
+            "< kube-proxy (41 min nft @10k, 7 s @1k)",
+        ),
+        ("  rules rendered", |_, b| b.rules.to_string(), ""),
+        (
+            "  iptables-save lines (filter + nat)",
+            |_, b| b.save_lines.to_string(),
+            "",
+        ),
+        (
+            "  payload: bytes / lines",
+            |_, b| format!("{} / {}", bytes(b.first_payload.0), b.first_payload.1),
+            "",
+        ),
+        (
+            "unchanged resync (from the model)",
+            |_, b| time(b.resync),
+            "",
+        ),
+        (
+            "full resync (kernel re-read, nothing sent)",
+            |_, b| time(b.full_resync),
+            "",
+        ),
+        (
+            "one endpoint change: sync median / p99",
+            |_, b| med_p99(&b.change_times),
+            "< 20 ms (kube-proxy 2.2 s @10k)",
+        ),
+        (
+            "  of which render + diff (dry run)",
+            |_, b| med_p99(&b.change_dry),
+            "",
+        ),
+        (
+            "  payload: lines / bytes (median)",
+            |_, b| {
+                format!(
+                    "{} / {}",
+                    quantile(&b.change_payload_lines, 0.5).unwrap_or(0),
+                    bytes(quantile(&b.change_payload_bytes, 0.5).unwrap_or(0))
+                )
+            },
+            "",
+        ),
+        (
+            "  chains written (median / max)",
+            |_, b| {
+                format!(
+                    "{} / {}",
+                    quantile(&b.change_chains, 0.5).unwrap_or(0),
+                    b.change_chains.iter().max().copied().unwrap_or(0)
+                )
+            },
+            "",
+        ),
+        ("cleanup", |_, b| time(b.cleanup), ""),
+        (
+            "bench process peak (VmHWM, incl. planner)",
+            |r, _| mib(r.bench_hwm_kib),
+            "",
+        ),
+        ("agent binary `apply`: wall", |r, _| time(r.binary.wall), ""),
+        (
+            "  max RSS (time -v, incl. its tools)",
+            |r, _| match &r.binary.error {
+                Some(e) => format!("failed: {}", e.chars().take(40).collect::<String>()),
+                None => mib(r.binary.max_rss_kib),
+            },
+            "< 40 MiB",
+        ),
+        (
+            "  agent process alone (VmHWM, polled)",
+            |r, _| mib(r.binary.own_hwm_kib),
+            "< 40 MiB",
+        ),
+        (
+            "  plan file (YAML)",
+            |r, _| bytes(r.binary.plan_file_bytes),
+            "",
+        ),
+    ];
+    let header: Vec<String> = columns
+        .iter()
+        .map(|(r, b)| format!("{} svc, {}", r.services, b.backend))
+        .collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(label, f, _)| {
+            columns
+                .iter()
+                .map(|(r, b)| {
+                    if label.contains("binary")
+                        || label.starts_with("  max RSS")
+                        || label.starts_with("  agent process")
+                        || label.starts_with("  plan file")
+                        || label.starts_with("bench")
+                        || label.starts_with("service")
+                    {
+                        f(r, b)
+                    } else {
+                        ok(b, &|| f(r, b))
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let first = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let last = rows.iter().map(|r| r.2.len()).max().unwrap_or(0).max(6);
+    let line = |label: &str, cells: &[String], budget: &str| {
+        let mut out = format!("| {label:<first$} |");
+        for (cell, width) in cells.iter().zip(&widths) {
+            out.push_str(&format!(" {cell:>width$} |"));
+        }
+        out.push_str(&format!(" {budget:<last$} |"));
+        println!("{out}");
+    };
+    line("measurement", &header, "budget");
+    println!(
+        "|{}|{}|{}|",
+        "-".repeat(first + 2),
+        widths
+            .iter()
+            .map(|w| "-".repeat(w + 2))
+            .collect::<Vec<_>>()
+            .join("|"),
+        "-".repeat(last + 2)
+    );
+    for ((label, _, budget), row) in rows.iter().zip(&cells) {
+        line(label, row, budget);
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn main() {
+    if !is_root() {
+        println!("SKIPPED: the iptables bench needs root (it creates network namespaces)");
+        return;
+    }
+    if let Ok(services) = std::env::var(CHILD_VAR) {
+        let result = run_size(services.parse().expect("Service count"));
+        println!("{RESULT_PREFIX}{}", serde_json::to_string(&result).unwrap());
+        std::io::stdout().flush().unwrap();
+        return;
+    }
+    let exe = std::env::current_exe().expect("own path");
+    let results: Vec<SizeResult> = sizes()
+        .into_iter()
+        .map(|services| {
+            let output = Command::new(&exe)
+                .args(std::env::args().skip(1))
+                .env(CHILD_VAR, services.to_string())
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("child benchmark");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success(),
+                "benchmark at {services} Services failed\n{stdout}"
+            );
+            let line = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(RESULT_PREFIX))
+                .expect("child result line");
+            serde_json::from_str(line).expect("child result")
+        })
+        .collect();
+    print_table(&results);
+}

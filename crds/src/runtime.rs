@@ -1,0 +1,111 @@
+//! Small pieces both binaries need at their edge: a client from `--kubeconfig` or the
+//! cluster, SIGTERM handling, and kube-proxy-style duration flags.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// No usable Kubernetes client configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("kubernetes client configuration: {0}")]
+pub struct ClientConfigError(String);
+
+/// A client from `kubeconfig`, or else from `$KUBECONFIG` / the in-cluster service account.
+///
+/// # Errors
+/// When the file cannot be read or no configuration can be inferred.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientConfigError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let bad = |e: &dyn std::fmt::Display| {
+                ClientConfigError(format!("--kubeconfig {}: {e}", path.display()))
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| bad(&e))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ClientConfigError(format!("not in a cluster and no --kubeconfig: {e}")))?,
+    };
+    kube::Client::try_from(config).map_err(|e| ClientConfigError(e.to_string()))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
+            Ok(term) => term,
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops the process");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Parses a duration as kube-proxy's flags spell it: `500ms`, `1s`, `30s`, `1m30s`,
+/// `2h`; a bare number is seconds.
+///
+/// # Errors
+/// When the text is not such a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration like 500ms, 30s or 1m30s");
+    if text.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    }
+    let mut total = 0.0_f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let (number, after) = rest.split_at(split);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        total += value
+            * match unit {
+                "ms" => 0.001,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(bad()),
+            };
+        rest = next;
+    }
+    Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_as_kube_proxy_spells_them() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "s", "1x", "1s2", "-1s", "ms"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}
