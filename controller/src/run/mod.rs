@@ -598,15 +598,21 @@ impl SyncLoop {
             self.full_reconcile = was_full;
             self.retry_at = Some(Instant::now() + RETRY_DELAY);
         }
-        info!(
-            applied = report.applied.len(),
-            deleted = report.deleted.len(),
-            unchanged = report.unchanged,
-            errors = report.errors.len(),
-            full = was_full,
-            elapsed_ms = started.elapsed().as_millis(),
-            "sync done"
-        );
+        let wrote = report.applied.len() + report.deleted.len() + report.errors.len();
+        if wrote > 0 || was_full {
+            info!(
+                applied = report.applied.len(),
+                deleted = report.deleted.len(),
+                unchanged = report.unchanged,
+                errors = report.errors.len(),
+                full = was_full,
+                elapsed_ms = started.elapsed().as_millis(),
+                "sync done"
+            );
+        } else {
+            // Most events (Node heartbeats, unrelated labels) change no plan at all.
+            debug!(unchanged = report.unchanged, "sync: nothing to write");
+        }
     }
 
     /// The planner identity of an object name, if it should exist.
