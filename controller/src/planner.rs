@@ -432,10 +432,9 @@ impl Planner {
         let dirty = std::mem::take(&mut self.dirty);
         let mut changes = Changes::default();
         for id in dirty {
-            if self.exists(&id) {
-                changes.apply.push(self.build(&id));
-            } else {
-                changes.delete.push(id);
+            match self.build(&id) {
+                Some(object) if self.exists(&id) => changes.apply.push(object),
+                _ => changes.delete.push(id),
             }
         }
         changes
@@ -444,7 +443,10 @@ impl Planner {
     /// Every object that should exist, built from scratch (for a full reconcile).
     #[must_use]
     pub fn all_objects(&self) -> Vec<DesiredObject> {
-        self.all_ids().iter().map(|id| self.build(id)).collect()
+        self.all_ids()
+            .iter()
+            .filter_map(|id| self.build(id))
+            .collect()
     }
 
     /// Identities of every object that should exist.
@@ -487,7 +489,7 @@ impl Planner {
         let shards = self
             .shard_ids_for(model)
             .iter()
-            .filter_map(|id| match self.build(id) {
+            .filter_map(|id| match self.build(id)? {
                 DesiredObject::Shard(s) => Some(s),
                 DesiredObject::Plan(_) => None,
             })
@@ -495,19 +497,16 @@ impl Planner {
         Some((plan, shards))
     }
 
-    /// Builds one object. `id` must exist.
+    /// Builds one object; `None` for the plan of an unknown node.
     #[must_use]
-    pub fn build(&self, id: &ObjectId) -> DesiredObject {
-        match id {
-            ObjectId::Plan(node) => match self.nodes.get(node) {
-                Some(model) => DesiredObject::Plan(self.build_plan(model)),
-                None => DesiredObject::Plan(NodeProxyPlan::new(node, empty_plan_spec(node))),
-            },
+    pub fn build(&self, id: &ObjectId) -> Option<DesiredObject> {
+        Some(match id {
+            ObjectId::Plan(node) => DesiredObject::Plan(self.build_plan(self.nodes.get(node)?)),
             ObjectId::ClusterShard(n) => DesiredObject::Shard(self.build_cluster_shard(id, *n)),
             ObjectId::ZoneShard(zone, n) => {
                 DesiredObject::Shard(self.build_zone_shard(id, zone, *n))
             }
-        }
+        })
     }
 
     fn shard_ids_for(&self, node: &NodeModel) -> Vec<ObjectId> {
@@ -626,22 +625,6 @@ fn managed_meta(name: &str, scope: Option<&str>) -> ObjectMeta {
         name: Some(name.to_owned()),
         labels: Some(labels),
         ..ObjectMeta::default()
-    }
-}
-
-fn empty_plan_spec(node: &str) -> NodeProxyPlanSpec {
-    NodeProxyPlanSpec {
-        node_name: node.to_owned(),
-        revision: String::new(),
-        zone: None,
-        pod_cidrs: Vec::new(),
-        addresses: Vec::new(),
-        local_traffic: LocalTrafficDetection {
-            mode: LocalTrafficMode::ClusterCIDR,
-            cidrs: Vec::new(),
-        },
-        shards: Vec::new(),
-        overlay: Vec::new(),
     }
 }
 
