@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use proxyplan_controller::model::ObjectError;
 use proxyplan_controller::state_file::ClusterState;
 use proxyplan_controller::{DesiredObject, Planner, PlannerConfig, run};
 use proxyplan_crds::LocalTrafficMode;
@@ -185,10 +186,16 @@ fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         .chain(planner.reset_services(&state.services))
         .chain(planner.reset_slices(&state.slices));
     for err in errors {
+        let (ObjectError::Invalid { kind, object, .. } | ObjectError::Ignored { kind, object, .. }) =
+            &err;
+        let line = match state.source_of(kind, object) {
+            Some(source) => format!("{source}: {err}"),
+            None => err.to_string(),
+        };
         if err.is_invalid() {
-            skipped.push(err.to_string());
+            skipped.push(line);
         } else {
-            eprintln!("note: {err}");
+            eprintln!("note: {line}");
         }
     }
     for line in &skipped {

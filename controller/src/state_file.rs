@@ -18,6 +18,8 @@ pub struct ClusterState {
     pub nodes: Vec<Node>,
     /// Documents that could not be used, with the reason.
     pub skipped: Vec<SkippedObject>,
+    /// Where each object was read (`file:document`), by `Kind namespace/name`.
+    pub sources: std::collections::HashMap<String, String>,
 }
 
 /// A document that was not used.
@@ -103,6 +105,14 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Where an object was read, as `file:document`.
+    #[must_use]
+    pub fn source_of(&self, kind: &str, object: &str) -> Option<&str> {
+        self.sources
+            .get(&format!("{kind} {object}"))
+            .map(String::as_str)
+    }
+
     fn add_value(&mut self, source: &str, value: serde_json::Value) {
         if value.is_null() {
             return; // an empty document, e.g. after a trailing `---`
@@ -126,6 +136,9 @@ impl ClusterState {
             object: object.clone(),
             reason,
         };
+        if matches!(kind.as_str(), "Service" | "EndpointSlice" | "Node") {
+            self.sources.insert(object.clone(), source.to_owned());
+        }
         let result = match kind.as_str() {
             "Service" => serde_json::from_value(value).map(|s| self.services.push(s)),
             "EndpointSlice" => serde_json::from_value(value).map(|s| self.slices.push(s)),

@@ -1,0 +1,121 @@
+//! `proxyplan-controller plan`, run as a user runs it.
+
+use std::process::Command;
+
+fn plan(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_proxyplan-controller"))
+        .arg("plan")
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run proxyplan-controller");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn node_view_of_the_example_is_its_plan_then_its_shards() {
+    let (code, stdout, stderr) = plan(&[
+        "--state",
+        "examples/cluster.yaml",
+        "--node",
+        "node-b",
+        "--cluster-shards",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr, "");
+    let kinds: Vec<String> = serde_yaml::Deserializer::from_str(&stdout)
+        .map(|doc| {
+            let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+            format!(
+                "{}/{}",
+                value["kind"].as_str().unwrap_or("?"),
+                value["metadata"]["name"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "NodeProxyPlan/node-b",
+            "ProxyPlanShard/cluster-0",
+            "ProxyPlanShard/cluster-1",
+            "ProxyPlanShard/zone-zone-b-0",
+            "ProxyPlanShard/zone-zone-b-1",
+            "ProxyPlanShard/zone-zone-b-2",
+            "ProxyPlanShard/zone-zone-b-3",
+        ]
+    );
+    assert!(
+        stdout.contains("key: demo/local-lb:http/TCP/IPv4"),
+        "node-b's overlay names its Local service"
+    );
+}
+
+#[test]
+fn json_output_is_a_list_of_every_object() {
+    let (code, stdout, stderr) = plan(&[
+        "--state",
+        "examples/cluster.yaml",
+        "-o",
+        "json",
+        "--cluster-shards",
+        "1",
+        "--zone-shards",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let list: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(list["kind"], "List");
+    // 1 cluster shard, 2 zones x 1 zone shard, 2 node plans.
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(5));
+}
+
+#[test]
+fn unusable_objects_are_reported_with_their_source_and_exit_3() {
+    let dir = std::env::temp_dir().join(format!("pp-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let file = dir.join("state.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: x}\nspec: {clusterIP: 10.0.0.300, ports: [{port: 80}]}\n\
+         ---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: x}\nspec: {type: ExternalName, externalName: a.b}\n",
+    )
+    .expect("write state");
+    let path = file.display().to_string();
+    let (code, _, stderr) = plan(&["--state", &path, "--cluster-shards", "1"]);
+    assert_eq!(code, 3, "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("note: {path}:3: Service x/ext: ignored: type ExternalName"),
+            format!("skipped: {path}:2: ConfigMap c: kind ConfigMap is not read by the planner"),
+            format!(
+                "skipped: {path}:1: Service x/bad: spec.clusterIP: \"10.0.0.300\" is not an IP address"
+            ),
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_node_and_unreadable_file_are_errors() {
+    let (code, _, stderr) = plan(&["--state", "examples/cluster.yaml", "--node", "node-z"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("node \"node-z\" is not in the state files (nodes: node-a, node-b)"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = plan(&["--state", "/nonexistent/state.yaml"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("reading /nonexistent/state.yaml"),
+        "{stderr}"
+    );
+}
