@@ -1,5 +1,7 @@
 //! `proxyplan-controller plan`, run as a user runs it.
 
+#![allow(clippy::expect_used, reason = "test helpers fail loudly")]
+
 use std::process::Command;
 
 fn plan(args: &[&str]) -> (i32, String, String) {
