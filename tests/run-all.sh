@@ -7,6 +7,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== helm chart"
+python3 tests/chart/test_chart.py
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
