@@ -5,4 +5,5 @@
 
 pub mod dataplane;
 pub mod iptables;
+pub mod ipvs;
 pub mod run;
