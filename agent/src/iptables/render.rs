@@ -58,31 +58,52 @@ pub fn render(plan: &MergedPlan, settings: &RenderSettings) -> Ruleset {
     }
 }
 
+/// What one family's rules are rendered from: its entries and the node inputs of that
+/// family.
+struct FamilyInputs<'p> {
+    entries: Vec<&'p ServicePortPlan>,
+    local_cidr: Option<String>,
+    node_addresses: Vec<IpAddr>,
+}
+
+impl<'p> FamilyInputs<'p> {
+    fn of(plan: &'p MergedPlan, family: IpFamily) -> Self {
+        let v6 = family == IpFamily::IPv6;
+        Self {
+            entries: plan
+                .service_ports
+                .iter()
+                .filter(|e| e.family == family)
+                .collect(),
+            local_cidr: plan
+                .local_traffic
+                .cidrs
+                .iter()
+                .find(|c| c.contains(':') == v6)
+                .cloned(),
+            node_addresses: plan
+                .addresses
+                .iter()
+                .copied()
+                .filter(|a| a.is_ipv6() == v6)
+                .collect(),
+        }
+    }
+}
+
 /// Rules of one family. A family without service ports gets no rules at all, so an
 /// IPv4-only node never needs ip6tables.
 fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily) -> FamilyRules {
-    let entries: Vec<&ServicePortPlan> = plan
-        .service_ports
-        .iter()
-        .filter(|e| e.family == family)
-        .collect();
+    let FamilyInputs {
+        entries,
+        local_cidr,
+        node_addresses,
+    } = FamilyInputs::of(plan, family);
     if entries.is_empty() {
         return FamilyRules::default();
     }
     let mut out = Builder::new(settings, family);
     out.fixed_chains();
-    let local_cidr = plan
-        .local_traffic
-        .cidrs
-        .iter()
-        .find(|c| c.contains(':') == (family == IpFamily::IPv6))
-        .cloned();
-    let node_addresses: Vec<IpAddr> = plan
-        .addresses
-        .iter()
-        .copied()
-        .filter(|a| a.is_ipv6() == (family == IpFamily::IPv6))
-        .collect();
     for entry in entries {
         EntryRules {
             entry,
@@ -757,27 +778,15 @@ impl RenderCache {
 
 impl FamilyCache {
     fn update(&mut self, plan: &MergedPlan, settings: &RenderSettings, family: IpFamily) {
-        let entries: Vec<&ServicePortPlan> = plan
-            .service_ports
-            .iter()
-            .filter(|e| e.family == family)
-            .collect();
+        let FamilyInputs {
+            entries,
+            local_cidr,
+            node_addresses,
+        } = FamilyInputs::of(plan, family);
         if entries.is_empty() {
             *self = Self::default();
             return;
         }
-        let local_cidr = plan
-            .local_traffic
-            .cidrs
-            .iter()
-            .find(|c| c.contains(':') == (family == IpFamily::IPv6))
-            .cloned();
-        let node_addresses: Vec<IpAddr> = plan
-            .addresses
-            .iter()
-            .copied()
-            .filter(|a| a.is_ipv6() == (family == IpFamily::IPv6))
-            .collect();
         // Entries sharing a key would share chains: render those plans whole.
         if entries.windows(2).any(|w| w[0].key == w[1].key) {
             *self = Self::default();
