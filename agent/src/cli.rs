@@ -10,6 +10,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::iptables::{BackendChoice, CommandRunner, IptablesDataplane, RenderSettings};
+use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
+use proxyplan_agent::ipvs::kernel::NetlinkKernel;
+use proxyplan_agent::ipvs::render::IpvsSettings;
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
 use proxyplan_crds::TrafficPolicy;
 use proxyplan_crds::runtime::parse_duration;
@@ -63,6 +66,43 @@ struct DataplaneArgs {
     /// or iptables-legacy.
     #[arg(long, value_enum, default_value = "auto")]
     iptables_backend: IptablesBackend,
+    #[command(flatten)]
+    ipvs: IpvsArgs,
+}
+
+/// The ipvs mode's node-local settings.
+#[derive(Debug, Args)]
+struct IpvsArgs {
+    /// ipvs mode: the IPVS scheduler of every virtual server (rr, wrr, lc, wlc, lblc,
+    /// lblcr, dh, sh, sed, nq, mh, fo, ovf, twos; any scheduler module the kernel has).
+    #[arg(long, value_name = "NAME", default_value = "rr")]
+    ipvs_scheduler: String,
+    /// ipvs mode: IPVS virtual servers with addresses in these CIDRs are never touched
+    /// (not even removed); repeat or comma-separate.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',', num_args = 1..)]
+    ipvs_exclude_cidrs: Vec<Cidr>,
+    /// ipvs mode: set arp_ignore=1 and arp_announce=2 so the node never answers ARP for
+    /// the VIPs it holds (needed beside L2 load balancers such as MetalLB).
+    #[arg(long)]
+    ipvs_strict_arp: bool,
+    /// ipvs mode: the dummy interface that holds the service VIPs (created if missing,
+    /// deleted by cleanup).
+    #[arg(long, value_name = "NAME", default_value = "proxyplan-ipvs0",
+          value_parser = parse_interface)]
+    ipvs_interface: String,
+    /// ipvs mode: how long a removed TCP or SCTP real server drains at weight 0 before it
+    /// is deleted even with connections left (UDP real servers go at once).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "120s")]
+    ipvs_termination_grace: Duration,
+}
+
+fn parse_interface(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.len() > 15 || name.contains(['/', ' ']) {
+        return Err(format!(
+            "{name:?} is not an interface name (1 to 15 characters, no '/' or spaces)"
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// How the rules are rendered.
@@ -191,16 +231,44 @@ fn dataplane(
     let DataplaneArgs {
         mode,
         iptables_backend,
+        ipvs,
     } = args;
+    let choice = match iptables_backend {
+        IptablesBackend::Auto => BackendChoice::Auto,
+        IptablesBackend::Nft => BackendChoice::Nft,
+        IptablesBackend::Legacy => BackendChoice::Legacy,
+    };
     match mode {
-        ProxyMode::Iptables => {
-            let choice = match iptables_backend {
-                IptablesBackend::Auto => BackendChoice::Auto,
-                IptablesBackend::Nft => BackendChoice::Nft,
-                IptablesBackend::Legacy => BackendChoice::Legacy,
+        ProxyMode::Iptables => Ok(Box::new(IptablesDataplane::with_backend_choice(
+            render,
+            CommandRunner::new(),
+            choice,
+        ))),
+        ProxyMode::Ipvs => {
+            let IpvsArgs {
+                ipvs_scheduler,
+                ipvs_exclude_cidrs,
+                ipvs_strict_arp,
+                ipvs_interface,
+                ipvs_termination_grace,
+            } = ipvs;
+            let nodeport_cidrs = render
+                .nodeport_cidrs
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            let settings = IpvsSettings {
+                scheduler: ipvs_scheduler.clone(),
+                masquerade_bit: render.masquerade_bit,
+                interface: ipvs_interface.clone(),
+                exclude_cidrs: ipvs_exclude_cidrs.clone(),
+                nodeport_cidrs,
+                strict_arp: *ipvs_strict_arp,
+                termination_grace: *ipvs_termination_grace,
             };
-            Ok(Box::new(IptablesDataplane::with_backend_choice(
-                render,
+            Ok(Box::new(IpvsDataplane::new(
+                settings,
+                NetlinkKernel::new(),
                 CommandRunner::new(),
                 choice,
             )))

@@ -9,6 +9,11 @@
 //! (`include/uapi/linux/ip_vs.h`, `netlink.h`, `genetlink.h`).
 
 pub mod codec;
+pub mod dataplane;
+pub mod ipset;
+pub mod kernel;
+pub mod netlink;
+pub mod render;
 
 use std::net::IpAddr;
 
@@ -415,5 +420,35 @@ impl IpvsDestination {
             tunnel: IpvsTunnel::default(),
             counters: IpvsDestinationCounters::default(),
         }
+    }
+}
+
+/// `addr:port`, with brackets for IPv6.
+#[must_use]
+pub fn socket_text(addr: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(addr, port).to_string()
+}
+
+/// The protocol's name (`TCP`, `UDP`, `SCTP`, or the number).
+#[must_use]
+pub fn protocol_name(protocol: u16) -> String {
+    match protocol {
+        IPPROTO_TCP => "TCP".into(),
+        IPPROTO_UDP => "UDP".into(),
+        IPPROTO_SCTP => "SCTP".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A service as `TCP 10.96.0.10:80` (or `FWM 7`), for logs and errors.
+#[must_use]
+pub fn describe_service(service: &IpvsService) -> String {
+    match service.fwmark {
+        Some(mark) => format!("FWM {mark}"),
+        None => format!(
+            "{} {}",
+            protocol_name(service.protocol),
+            socket_text(service.addr, service.port)
+        ),
     }
 }

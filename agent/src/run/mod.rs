@@ -34,6 +34,9 @@ use watches::Watches;
 /// The proxy mode: how plans become kernel state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ProxyMode {
+    /// IPVS virtual servers, VIPs on a dummy interface, ipsets and a fixed set of
+    /// iptables rules: O(1) packet lookup however many services exist.
+    Ipvs,
     /// iptables (`iptables-restore`), one chain per service and endpoint.
     Iptables,
 }
@@ -43,6 +46,7 @@ impl ProxyMode {
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Ipvs => "ipvs",
             Self::Iptables => "iptables",
         }
     }

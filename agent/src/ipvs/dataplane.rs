@@ -1,0 +1,1014 @@
+//! ipvs mode's [`Dataplane`]: render, diff against a model of what the kernel holds,
+//! apply only the difference, in an order that never leaves a wanted VIP unserved.
+//!
+//! The kernel is read (dummy interface and addresses, the agent's IPVS services and their
+//! real servers, the agent's ipsets, its iptables chains) on the first sync, after a
+//! failure, and when [`Dataplane::rules_intact`] finds something changed behind the
+//! agent's back. Every other sync works from the model, so one endpoint change costs a
+//! couple of netlink messages.
+//!
+//! Order of a sync: ipset creates/adds/dels → VIP addresses added → IPVS services and
+//! real servers → the fixed iptables rules → VIP addresses removed → ipsets destroyed →
+//! stale UDP conntrack entries deleted.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use proxyplan_crds::MergedPlan;
+use tracing::{info, warn};
+
+use super::ipset::{self, SetChanges, Sets};
+use super::kernel::{IpvsKernel, IpvsOp};
+use super::render::{self, IpvsSettings, IpvsState, RealServer, VirtualServer, VirtualServerKey};
+use super::{IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService};
+use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
+use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
+use crate::iptables::conntrack::{self, StaleFlows, UdpPaths};
+use crate::iptables::kernel::Tool;
+use crate::iptables::{Backend, BackendChoice, Family, FamilyRules, Runner, TableName, names};
+
+/// Operations sent to the kernel per netlink round (bounds memory at first apply).
+const OPS_PER_ROUND: usize = 4096;
+/// Seconds `iptables-restore` waits for the xtables lock.
+const LOCK_WAIT: &str = "5";
+
+/// A real server as the kernel holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeldRealServer {
+    weight: u32,
+}
+
+/// A virtual server as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HeldService {
+    service: IpvsService,
+    real_servers: BTreeMap<RealServer, HeldRealServer>,
+}
+
+/// What the kernel holds of the agent's objects.
+#[derive(Debug, Clone, Default)]
+struct Model {
+    /// The dummy interface's index (`None` in a dry run on a node without it).
+    link: Option<u32>,
+    /// Addresses on the dummy interface.
+    vips: BTreeSet<IpAddr>,
+    /// Addresses on every other interface.
+    local: BTreeSet<IpAddr>,
+    /// The agent's virtual servers.
+    services: BTreeMap<VirtualServerKey, HeldService>,
+    /// The agent's ipsets.
+    sets: Sets,
+}
+
+/// The sysctls the ipvs mode needs: name, value, why.
+const SYSCTLS: [(&str, &str, &str); 4] = [
+    (
+        "net/ipv4/vs/conntrack",
+        "1",
+        "IPVS traffic must pass netfilter for masquerade",
+    ),
+    (
+        "net/ipv4/vs/expire_nodest_conn",
+        "1",
+        "connections to deleted real servers end at once",
+    ),
+    (
+        "net/ipv4/vs/expire_quiescent_template",
+        "1",
+        "affinity never sticks to a drained real server",
+    ),
+    (
+        "net/ipv4/ip_forward",
+        "1",
+        "the node forwards service traffic",
+    ),
+];
+
+/// Strict ARP sysctls (`--ipvs-strict-arp`).
+const STRICT_ARP: [(&str, &str, &str); 2] = [
+    (
+        "net/ipv4/conf/all/arp_ignore",
+        "1",
+        "answer ARP only for addresses of the receiving interface",
+    ),
+    (
+        "net/ipv4/conf/all/arp_announce",
+        "2",
+        "never announce VIPs of the dummy interface",
+    ),
+];
+
+/// One sysctl check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysctlCheck {
+    /// `net/ipv4/vs/conntrack`.
+    pub name: String,
+    /// The value the agent needs.
+    pub wanted: String,
+    /// The value found before the agent set it (`None` when missing).
+    pub found: Option<String>,
+    /// Whether it holds the wanted value now.
+    pub ok: bool,
+}
+
+/// ipvs mode's [`Dataplane`] over an [`IpvsKernel`] (netlink) and a [`Runner`] (ipset,
+/// iptables, conntrack).
+#[derive(Debug)]
+pub struct IpvsDataplane<K, R> {
+    settings: IpvsSettings,
+    kernel: K,
+    runner: R,
+    backend: Backend,
+    model: Option<Model>,
+    frame: [Option<KernelFamily>; 2],
+    programmed: [bool; 2],
+    /// Removed TCP/SCTP real servers at weight 0, with the time they must be gone by.
+    draining: HashMap<(VirtualServerKey, RealServer), Instant>,
+    udp: Option<UdpPaths>,
+    sysctls: Vec<SysctlCheck>,
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+fn index(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+fn errno_text(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno.abs()).to_string()
+}
+
+/// The IPVS service for a key.
+fn ipvs_service(key: &VirtualServerKey, vs: &VirtualServer, scheduler: &str) -> IpvsService {
+    let mut service = IpvsService::new(key.protocol, key.addr, key.port, scheduler);
+    if let Some(timeout) = vs.persistence {
+        service.flags = IP_VS_SVC_F_PERSISTENT;
+        service.timeout = timeout;
+    }
+    service
+}
+
+/// Whether the kernel's service differs from the wanted one in what the agent sets.
+fn service_differs(held: &IpvsService, wanted: &IpvsService) -> bool {
+    held.scheduler != wanted.scheduler
+        || held.is_persistent() != wanted.is_persistent()
+        || (wanted.is_persistent() && held.timeout != wanted.timeout)
+}
+
+/// IPVS changes collected and sent in rounds.
+struct OpRounds {
+    kinds: Vec<(OpKind, usize, Option<usize>)>,
+    services: Vec<IpvsService>,
+    destinations: Vec<IpvsDestination>,
+    dry_run: bool,
+    sent: usize,
+    failures: Vec<String>,
+    payload: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    AddService,
+    UpdateService,
+    DeleteService,
+    AddDestination,
+    UpdateDestination,
+    DeleteDestination,
+}
+
+impl OpRounds {
+    fn new(dry_run: bool) -> Self {
+        Self {
+            kinds: Vec::new(),
+            services: Vec::new(),
+            destinations: Vec::new(),
+            dry_run,
+            sent: 0,
+            failures: Vec::new(),
+            payload: String::new(),
+        }
+    }
+
+    /// Keeps `service` for the real-server operations that follow; no operation itself.
+    fn with_service(&mut self, service: IpvsService) -> usize {
+        self.services.push(service);
+        self.services.len() - 1
+    }
+
+    /// An operation on `service` itself.
+    fn service(&mut self, kind: OpKind, service: IpvsService) -> usize {
+        let i = self.with_service(service);
+        self.kinds.push((kind, i, None));
+        i
+    }
+
+    fn destination(&mut self, kind: OpKind, service: usize, destination: IpvsDestination) {
+        self.destinations.push(destination);
+        self.kinds
+            .push((kind, service, Some(self.destinations.len() - 1)));
+    }
+
+    fn full(&self) -> bool {
+        self.kinds.len() >= OPS_PER_ROUND
+    }
+
+    fn send(&mut self, kernel: &mut impl IpvsKernel) -> Result<(), DataplaneError> {
+        if self.kinds.is_empty() {
+            self.services.clear();
+            self.destinations.clear();
+            return Ok(());
+        }
+        let ops: Vec<IpvsOp<'_>> = self
+            .kinds
+            .iter()
+            .filter_map(|&(kind, s, d)| {
+                let service = self.services.get(s)?;
+                let dest = d.and_then(|d| self.destinations.get(d));
+                Some(match (kind, dest) {
+                    (OpKind::AddService, _) => IpvsOp::AddService(service),
+                    (OpKind::UpdateService, _) => IpvsOp::UpdateService(service),
+                    (OpKind::DeleteService, _) => IpvsOp::DeleteService(service),
+                    (OpKind::AddDestination, Some(d)) => IpvsOp::AddDestination(service, d),
+                    (OpKind::UpdateDestination, Some(d)) => IpvsOp::UpdateDestination(service, d),
+                    (OpKind::DeleteDestination, Some(d)) => IpvsOp::DeleteDestination(service, d),
+                    _ => return None,
+                })
+            })
+            .collect();
+        self.sent += ops.len();
+        if self.dry_run {
+            for op in &ops {
+                self.payload.push_str(&format!("# ipvs {op}\n"));
+            }
+        } else {
+            let results = kernel.execute(&ops)?;
+            for (op, errno) in ops.iter().zip(results) {
+                // Deleting what is already gone is done.
+                let gone = matches!(op, IpvsOp::DeleteService(_) | IpvsOp::DeleteDestination(..))
+                    && matches!(errno, -2 | -3);
+                if errno != 0 && !gone && self.failures.len() < 5 {
+                    self.failures.push(format!("{op}: {}", errno_text(errno)));
+                }
+            }
+        }
+        self.kinds.clear();
+        self.services.clear();
+        self.destinations.clear();
+        Ok(())
+    }
+}
+
+impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
+    /// A dataplane over `kernel` and `runner`, with `choice`'s iptables back end.
+    #[must_use]
+    pub fn new(settings: IpvsSettings, kernel: K, runner: R, choice: BackendChoice) -> Self {
+        let backend = Backend::resolve(choice, &runner);
+        Self {
+            settings,
+            kernel,
+            runner,
+            backend,
+            model: None,
+            frame: [None, None],
+            programmed: [false, false],
+            draining: HashMap::new(),
+            udp: None,
+            sysctls: Vec::new(),
+        }
+    }
+
+    /// The kernel handle (for tests to inspect a fake).
+    #[must_use]
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+
+    /// The sysctls checked by the first sync.
+    #[must_use]
+    pub fn sysctls(&self) -> &[SysctlCheck] {
+        &self.sysctls
+    }
+
+    /// Real servers waiting for their connections to end.
+    #[must_use]
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// Forgets the model: the next sync reads the kernel again.
+    pub fn invalidate(&mut self) {
+        self.model = None;
+        self.frame = [None, None];
+    }
+
+    fn owned(&self, service: &IpvsService, model: &Model) -> bool {
+        service.fwmark.is_none()
+            && !self.settings.excluded(service.addr)
+            && (model.vips.contains(&service.addr) || model.local.contains(&service.addr))
+    }
+
+    fn read_model(&mut self, create_link: bool) -> Result<Model, DataplaneError> {
+        let name = self.settings.interface.clone();
+        let mut link = self.kernel.link_index(&name)?;
+        if link.is_none() && create_link {
+            let created = self.kernel.create_dummy(&name)?;
+            info!(interface = %name, index = created, "created the dummy interface for service VIPs");
+            link = Some(created);
+        }
+        let mut model = Model {
+            link,
+            ..Model::default()
+        };
+        for address in self.kernel.addresses()? {
+            if Some(address.index) == link {
+                model.vips.insert(address.ip);
+            } else {
+                model.local.insert(address.ip);
+            }
+        }
+        for service in self.kernel.services()? {
+            if !self.owned(&service, &model) {
+                continue;
+            }
+            let real_servers = self
+                .kernel
+                .destinations(&service)?
+                .into_iter()
+                .map(|d| ((d.addr, d.port), HeldRealServer { weight: d.weight }))
+                .collect();
+            let key = VirtualServerKey {
+                protocol: service.protocol,
+                addr: service.addr,
+                port: service.port,
+            };
+            model.services.insert(
+                key,
+                HeldService {
+                    service,
+                    real_servers,
+                },
+            );
+        }
+        model.sets = self.read_sets()?;
+        Ok(model)
+    }
+
+    fn read_sets(&self) -> Result<Sets, DataplaneError> {
+        let output = self.runner.run("ipset", &["save"], None)?;
+        if !output.success() {
+            return Err(output.failure("ipset save"));
+        }
+        Ok(ipset::parse_save(&output.stdout))
+    }
+
+    fn restore_sets(&self, script: &str) -> Result<(), DataplaneError> {
+        if script.is_empty() {
+            return Ok(());
+        }
+        let output = self
+            .runner
+            .run("ipset", &["restore", "-exist"], Some(script))?;
+        if output.success() {
+            Ok(())
+        } else {
+            Err(output.failure("ipset restore -exist"))
+        }
+    }
+
+    /// Checks (and sets) the sysctls the mode needs; failures are warnings.
+    fn check_sysctls(&mut self, payload: &mut String, dry_run: bool) {
+        let wanted = SYSCTLS
+            .iter()
+            .chain(STRICT_ARP.iter().filter(|_| self.settings.strict_arp));
+        let mut checks = Vec::new();
+        for (name, value, why) in wanted {
+            let found = match self.kernel.read_sysctl(name) {
+                Ok(found) => found,
+                Err(err) => {
+                    warn!(sysctl = name, %err, "cannot read sysctl");
+                    None
+                }
+            };
+            let mut ok = found.as_deref() == Some(value);
+            if !ok && found.is_some() {
+                payload.push_str(&format!(
+                    "# sysctl {name}={value} (was {}): {why}\n",
+                    found.as_deref().unwrap_or("?")
+                ));
+                if !dry_run {
+                    match self.kernel.write_sysctl(name, value) {
+                        Ok(()) => ok = true,
+                        Err(err) => warn!(sysctl = name, %err, "cannot set sysctl: {why}"),
+                    }
+                }
+            } else if found.is_none() {
+                warn!(
+                    sysctl = name,
+                    "sysctl missing (is the ip_vs module loaded?): {why}"
+                );
+            }
+            checks.push(SysctlCheck {
+                name: (*name).to_owned(),
+                wanted: (*value).to_owned(),
+                found,
+                ok,
+            });
+        }
+        if !dry_run {
+            self.sysctls = checks;
+        }
+    }
+
+    fn sync_state(
+        &mut self,
+        plan: &MergedPlan,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let mut report = SyncReport::default();
+        if self.sysctls.is_empty() {
+            self.check_sysctls(&mut report.payload, dry_run);
+        }
+        let mut model = match self.model.take() {
+            Some(model) => model,
+            None => self.read_model(!dry_run)?,
+        };
+        let nodeport = self
+            .settings
+            .nodeport_addresses(model.local.iter().copied());
+        let desired = render::render(plan, &self.settings, &nodeport);
+        let result = self.apply_state(&desired, &mut model, dry_run, &mut report);
+        match result {
+            Ok(()) => {
+                if !dry_run {
+                    self.model = Some(model);
+                } else {
+                    // A dry run changes nothing: keep the model as it was read.
+                    self.model = Some(model);
+                }
+            }
+            // The model is unknown after a partial failure: read the kernel next time.
+            Err(err) => return Err(err),
+        }
+        report.rules = desired.services.len()
+            + desired.real_server_count()
+            + desired.rules.v4.rule_count()
+            + desired.rules.v6.rule_count();
+        let next = UdpPaths::from_plan(plan);
+        report.conntrack_deleted =
+            self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
+        if !dry_run {
+            self.udp = Some(next);
+        }
+        Ok(report)
+    }
+
+    fn apply_state(
+        &mut self,
+        desired: &IpvsState,
+        model: &mut Model,
+        dry_run: bool,
+        report: &mut SyncReport,
+    ) -> Result<(), DataplaneError> {
+        // 1. ipsets: create and fill before any rule uses them.
+        let sets = SetChanges::between(&desired.sets, &model.sets);
+        if let Some(name) = sets.mismatched.first() {
+            return Err(DataplaneError::ToolFailed {
+                tool: "ipset".to_owned(),
+                code: None,
+                stderr: format!(
+                    "set {name} exists with another type than the agent needs; run \
+                     `proxyplan-agent cleanup --mode ipvs` and restart the agent"
+                ),
+            });
+        }
+        if !sets.before.is_empty() {
+            report.payload.push_str("# ipset restore -exist\n");
+            report.payload.push_str(&sets.before);
+            if !dry_run {
+                self.restore_sets(&sets.before)?;
+            }
+        }
+        report.changed += sets.changed;
+        // 2. VIP addresses.
+        let add: Vec<IpAddr> = desired
+            .addresses
+            .iter()
+            .filter(|a| !model.vips.contains(a) && !model.local.contains(a))
+            .copied()
+            .collect();
+        self.change_addresses(model, &add, true, dry_run, report)?;
+        // 3. IPVS.
+        let mut rounds = OpRounds::new(dry_run);
+        self.ipvs_changes(desired, model, &mut rounds)?;
+        rounds.send(&mut self.kernel)?;
+        report.changed += rounds.sent;
+        report.payload.push_str(&rounds.payload);
+        if let Some(first) = rounds.failures.first() {
+            self.model = None;
+            return Err(DataplaneError::Io {
+                context: format!(
+                    "IPVS refused {} change(s), first: {first}",
+                    rounds.failures.len()
+                ),
+                source: std::io::Error::other(rounds.failures.join("; ")),
+            });
+        }
+        // 4. The fixed iptables rules.
+        for family in FAMILIES {
+            let rules = match family {
+                Family::V4 => &desired.rules.v4,
+                Family::V6 => &desired.rules.v6,
+            };
+            let (payload, changed) = self.sync_frame(family, rules, dry_run)?;
+            if !payload.is_empty() {
+                report.payload.push_str(&format!(
+                    "# {} --noflush\n",
+                    self.backend.binary(family, Tool::Restore)
+                ));
+                report.payload.push_str(&payload);
+            }
+            report.changed += changed;
+            if !dry_run {
+                self.programmed[index(family)] = rules.rule_count() > 0;
+            }
+        }
+        // 5. VIPs nothing wants any more.
+        let remove: Vec<IpAddr> = model
+            .vips
+            .iter()
+            .filter(|a| !desired.addresses.contains(a))
+            .copied()
+            .collect();
+        self.change_addresses(model, &remove, false, dry_run, report)?;
+        // 6. Sets nothing uses any more.
+        if !sets.after.is_empty() {
+            report.payload.push_str("# ipset restore -exist\n");
+            report.payload.push_str(&sets.after);
+            if !dry_run {
+                self.restore_sets(&sets.after)?;
+            }
+        }
+        if !dry_run {
+            model.sets = desired.sets.clone();
+        }
+        Ok(())
+    }
+
+    fn change_addresses(
+        &mut self,
+        model: &mut Model,
+        addresses: &[IpAddr],
+        add: bool,
+        dry_run: bool,
+        report: &mut SyncReport,
+    ) -> Result<(), DataplaneError> {
+        if addresses.is_empty() {
+            return Ok(());
+        }
+        let verb = if add { "add" } else { "del" };
+        for ip in addresses {
+            let len = if ip.is_ipv4() { 32 } else { 128 };
+            report.payload.push_str(&format!(
+                "# ip address {verb} {ip}/{len} dev {}\n",
+                self.settings.interface
+            ));
+        }
+        report.changed += addresses.len();
+        if dry_run {
+            return Ok(());
+        }
+        let Some(link) = model.link else {
+            return Err(DataplaneError::Io {
+                context: format!("interface {} is missing", self.settings.interface),
+                source: std::io::Error::other("no dummy interface"),
+            });
+        };
+        let results = self.kernel.change_addresses(link, addresses, add)?;
+        let mut failed = Vec::new();
+        for (ip, errno) in addresses.iter().zip(results) {
+            // EEXIST on add, EADDRNOTAVAIL on delete: already as wanted.
+            let done = errno == 0 || (add && errno == -17) || (!add && errno == -99);
+            if done {
+                if add {
+                    model.vips.insert(*ip);
+                } else {
+                    model.vips.remove(ip);
+                }
+            } else {
+                failed.push(format!("{ip}: {}", errno_text(errno)));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            self.model = None;
+            Err(DataplaneError::Io {
+                context: format!(
+                    "{verb} {} address(es) on {}",
+                    failed.len(),
+                    self.settings.interface
+                ),
+                source: std::io::Error::other(failed.join("; ")),
+            })
+        }
+    }
+
+    /// Collects the IPVS changes into `rounds` (sending full rounds as it goes) and
+    /// updates `model` to what the kernel holds once they are done.
+    fn ipvs_changes(
+        &mut self,
+        desired: &IpvsState,
+        model: &mut Model,
+        rounds: &mut OpRounds,
+    ) -> Result<(), DataplaneError> {
+        let now = Instant::now();
+        let scheduler = self.settings.scheduler.clone();
+        // Services nothing wants: deleted (their real servers with them).
+        let stale: Vec<VirtualServerKey> = model
+            .services
+            .keys()
+            .filter(|k| !desired.services.contains_key(k))
+            .copied()
+            .collect();
+        for key in stale {
+            if let Some(held) = model.services.get(&key) {
+                rounds.service(OpKind::DeleteService, held.service.clone());
+            }
+            if !rounds.dry_run {
+                model.services.remove(&key);
+            }
+            self.draining.retain(|(k, _), _| *k != key);
+            if rounds.full() {
+                rounds.send(&mut self.kernel)?;
+            }
+        }
+        let mut drain_checks = Vec::new();
+        for (key, vs) in &desired.services {
+            if self.settings.excluded(key.addr) {
+                continue;
+            }
+            let wanted = ipvs_service(key, vs, &scheduler);
+            let held = model.services.get(key);
+            let Some(held) = held else {
+                let s = rounds.service(OpKind::AddService, wanted.clone());
+                for (addr, port) in &vs.real_servers {
+                    rounds.destination(
+                        OpKind::AddDestination,
+                        s,
+                        IpvsDestination::masq(*addr, *port, 1),
+                    );
+                }
+                if !rounds.dry_run {
+                    model.services.insert(
+                        *key,
+                        HeldService {
+                            service: wanted,
+                            real_servers: vs
+                                .real_servers
+                                .iter()
+                                .map(|rs| (*rs, HeldRealServer { weight: 1 }))
+                                .collect(),
+                        },
+                    );
+                }
+                if rounds.full() {
+                    rounds.send(&mut self.kernel)?;
+                }
+                continue;
+            };
+            let update = service_differs(&held.service, &wanted);
+            let mut changes: Vec<(OpKind, RealServer, u32)> = Vec::new();
+            for rs in &vs.real_servers {
+                match held.real_servers.get(rs) {
+                    None => changes.push((OpKind::AddDestination, *rs, 1)),
+                    Some(h) if h.weight != 1 => {
+                        changes.push((OpKind::UpdateDestination, *rs, 1));
+                        self.draining.remove(&(*key, *rs));
+                    }
+                    Some(_) => {}
+                }
+            }
+            let mut draining_here = false;
+            for (rs, h) in &held.real_servers {
+                if vs.real_servers.binary_search(rs).is_ok() {
+                    continue;
+                }
+                if key.protocol == IPPROTO_UDP {
+                    changes.push((OpKind::DeleteDestination, *rs, h.weight));
+                    continue;
+                }
+                if h.weight != 0 {
+                    changes.push((OpKind::UpdateDestination, *rs, 0));
+                }
+                if !rounds.dry_run {
+                    self.draining
+                        .entry((*key, *rs))
+                        .or_insert(now + self.settings.termination_grace);
+                }
+                draining_here = true;
+            }
+            if draining_here {
+                drain_checks.push(*key);
+            }
+            if !update && changes.is_empty() {
+                continue;
+            }
+            let s = if update {
+                rounds.service(OpKind::UpdateService, wanted.clone())
+            } else {
+                rounds.with_service(held.service.clone())
+            };
+            for (kind, (addr, port), weight) in &changes {
+                rounds.destination(*kind, s, IpvsDestination::masq(*addr, *port, *weight));
+            }
+            if !rounds.dry_run
+                && let Some(held) = model.services.get_mut(key)
+            {
+                if update {
+                    held.service = wanted;
+                }
+                for (kind, rs, weight) in changes {
+                    match kind {
+                        OpKind::DeleteDestination => {
+                            held.real_servers.remove(&rs);
+                        }
+                        _ => {
+                            held.real_servers.insert(rs, HeldRealServer { weight });
+                        }
+                    }
+                }
+            }
+            if rounds.full() {
+                rounds.send(&mut self.kernel)?;
+            }
+        }
+        // Draining real servers: delete those whose connections ended or whose grace
+        // period is over. Also those left at weight 0 by an earlier run.
+        rounds.send(&mut self.kernel)?;
+        self.finish_draining(&drain_checks, model, rounds, now)
+    }
+
+    fn finish_draining(
+        &mut self,
+        keys: &[VirtualServerKey],
+        model: &mut Model,
+        rounds: &mut OpRounds,
+        now: Instant,
+    ) -> Result<(), DataplaneError> {
+        for key in keys {
+            let Some(held) = model.services.get(key) else {
+                continue;
+            };
+            let service = held.service.clone();
+            let counters = if rounds.dry_run {
+                Vec::new()
+            } else {
+                self.kernel.destinations(&service)?
+            };
+            let mut done = Vec::new();
+            for d in &counters {
+                let rs = (d.addr, d.port);
+                let Some(deadline) = self.draining.get(&(*key, rs)) else {
+                    continue;
+                };
+                let connections = d.counters.active_connections.unwrap_or(0)
+                    + d.counters.inactive_connections.unwrap_or(0);
+                if d.weight == 0 && (connections == 0 || now >= *deadline) {
+                    if connections > 0 {
+                        warn!(service = %key, real_server = %super::socket_text(rs.0, rs.1), connections,
+                            "grace period over: deleting a real server that still has connections");
+                    }
+                    done.push(rs);
+                }
+            }
+            if done.is_empty() {
+                continue;
+            }
+            let s = rounds.with_service(service);
+            for rs in done {
+                rounds.destination(
+                    OpKind::DeleteDestination,
+                    s,
+                    IpvsDestination::masq(rs.0, rs.1, 0),
+                );
+                self.draining.remove(&(*key, rs));
+                if let Some(held) = model.services.get_mut(key) {
+                    held.real_servers.remove(&rs);
+                }
+            }
+        }
+        rounds.send(&mut self.kernel)
+    }
+
+    fn read_frame_table(
+        &self,
+        family: Family,
+        table: TableName,
+    ) -> Result<KernelTable, DataplaneError> {
+        let save = self.backend.binary(family, Tool::Save);
+        let args = ["-t", table.as_str()];
+        let output = self.runner.run(&save, &args, None)?;
+        if !output.success() {
+            return Err(output.failure(&format!("{save} {}", args.join(" "))));
+        }
+        Ok(KernelTable::from_save(&output.stdout, table))
+    }
+
+    fn read_frame(&self, family: Family, wanted: bool) -> Result<KernelFamily, DataplaneError> {
+        let read = || -> Result<KernelFamily, DataplaneError> {
+            Ok(KernelFamily {
+                filter: self.read_frame_table(family, TableName::Filter)?,
+                nat: self.read_frame_table(family, TableName::Nat)?,
+            })
+        };
+        match read() {
+            Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
+            other => other,
+        }
+    }
+
+    /// Brings one family's fixed rules to `desired`; returns the payload and the number of
+    /// chains changed.
+    fn sync_frame(
+        &mut self,
+        family: Family,
+        desired: &FamilyRules,
+        dry_run: bool,
+    ) -> Result<(String, usize), DataplaneError> {
+        let i = index(family);
+        let wanted = desired.rule_count() > 0;
+        let mut kernel = match self.frame[i].take() {
+            Some(kernel) => kernel,
+            None => self.read_frame(family, wanted)?,
+        };
+        let mut diff = FamilyDiff::new(desired, &kernel);
+        if diff.needs_fresh_positions() {
+            kernel = self.read_frame(family, wanted)?;
+            diff = FamilyDiff::new(desired, &kernel);
+        }
+        let payload = diff.restore_payload();
+        if !payload.is_empty() && !dry_run {
+            let restore = self.backend.binary(family, Tool::Restore);
+            let args = ["--noflush", "-w", LOCK_WAIT];
+            let output = self.runner.run(&restore, &args, Some(&payload))?;
+            if !output.success() {
+                return Err(output.failure(&format!("{restore} {}", args.join(" "))));
+            }
+            diff.apply_to(&mut kernel);
+        }
+        let changed = diff.changed();
+        kernel.filter.positions_fresh = false;
+        kernel.nat.positions_fresh = false;
+        self.frame[i] = Some(kernel);
+        Ok((payload, changed))
+    }
+
+    /// Deletes the UDP conntrack entries the move to `next` made stale.
+    fn clear_conntrack(
+        &self,
+        plan: &MergedPlan,
+        next: &UdpPaths,
+        dry_run: bool,
+        payload: &mut String,
+    ) -> Result<usize, DataplaneError> {
+        let flows: Vec<StaleFlows> = match &self.udp {
+            Some(previous) => conntrack::stale_flows(previous, next),
+            None if dry_run => Vec::new(),
+            None => {
+                let mut flows = Vec::new();
+                for family in FAMILIES.into_iter().filter(|f| next.has_family(*f)) {
+                    let listed = conntrack::list_udp(&self.runner, family)?;
+                    flows.extend(conntrack::stale_in_table(&listed, next, &plan.addresses));
+                }
+                flows
+            }
+        };
+        let mut deleted = 0;
+        for flow in &flows {
+            payload.push_str(&format!(
+                "# {} {}\n",
+                conntrack::CONNTRACK,
+                flow.conntrack_args().join(" ")
+            ));
+            if !dry_run {
+                deleted += conntrack::delete(&self.runner, flow)?;
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
+        let iptables = self.backend.binary(family, Tool::Iptables);
+        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
+        let output = self.runner.run(&iptables, &args, None)?;
+        match output.code {
+            Some(0) => {
+                let rule = format!("-A {} ", names::CANARY);
+                Ok(output.stdout.lines().any(|l| l.starts_with(&rule)))
+            }
+            Some(1) => Ok(false),
+            _ => Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
+        }
+    }
+
+    /// Whether IPVS, the interface and the sets still hold what the model says (counted,
+    /// not compared entry by entry).
+    fn ipvs_intact(&mut self) -> Result<bool, DataplaneError> {
+        let Some(model) = self.model.take() else {
+            return Ok(true);
+        };
+        let link = self.kernel.link_index(&self.settings.interface)?;
+        let services = self.kernel.services()?;
+        let owned = services.iter().filter(|s| self.owned(s, &model)).count();
+        let addresses = self.kernel.addresses()?;
+        let local: BTreeSet<IpAddr> = addresses
+            .iter()
+            .filter(|a| Some(a.index) != link)
+            .map(|a| a.ip)
+            .collect();
+        let vips = addresses.iter().filter(|a| Some(a.index) == link).count();
+        let sets = self.read_sets()?;
+        let intact = link == model.link
+            && owned == model.services.len()
+            && vips == model.vips.len()
+            && local == model.local
+            && sets.len() == model.sets.len();
+        if intact {
+            self.model = Some(model);
+        }
+        Ok(intact)
+    }
+}
+
+impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
+    fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        let result = self.sync_state(plan, dry_run);
+        if result.is_err() {
+            self.model = None;
+            self.frame = [None, None];
+        }
+        result
+    }
+
+    fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
+        for family in FAMILIES {
+            if !self.programmed[index(family)] {
+                continue;
+            }
+            for table in [TableName::Nat, TableName::Filter] {
+                if !self.canary_intact(family, table)? {
+                    self.frame[index(family)] = None;
+                    return Ok(false);
+                }
+            }
+        }
+        self.ipvs_intact()
+    }
+
+    fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
+        let mut report = SyncReport::default();
+        self.invalidate();
+        let mut model = self.read_model(false)?;
+        let mut rounds = OpRounds::new(false);
+        for held in model.services.values() {
+            rounds.service(OpKind::DeleteService, held.service.clone());
+            if rounds.full() {
+                rounds.send(&mut self.kernel)?;
+            }
+        }
+        rounds.send(&mut self.kernel)?;
+        report.changed += rounds.sent;
+        report.payload.push_str(&rounds.payload);
+        model.services.clear();
+        if let Some(first) = rounds.failures.first() {
+            return Err(DataplaneError::Io {
+                context: format!("removing IPVS services, first failure: {first}"),
+                source: std::io::Error::other(rounds.failures.join("; ")),
+            });
+        }
+        let nothing = FamilyRules::default();
+        for family in FAMILIES {
+            self.frame[index(family)] = None;
+            let (payload, changed) = self.sync_frame(family, &nothing, false)?;
+            report.payload.push_str(&payload);
+            report.changed += changed;
+            self.programmed[index(family)] = false;
+        }
+        if let Some(link) = model.link {
+            self.kernel.delete_link(link)?;
+            report.changed += 1 + model.vips.len();
+        }
+        let destroy = SetChanges::between(&Sets::new(), &model.sets);
+        self.restore_sets(&destroy.after)?;
+        report.payload.push_str(&destroy.after);
+        report.changed += destroy.changed;
+        self.invalidate();
+        self.udp = None;
+        self.draining.clear();
+        Ok(report)
+    }
+}

@@ -1,0 +1,270 @@
+//! ipsets as data: the sets the ipvs mode wants, what the kernel holds (from `ipset
+//! save`), and the `ipset restore` script between them.
+//!
+//! Sets are changed in place (`add`/`del` of single entries), never flushed, so a rule
+//! matching a set never sees it empty during a sync. Every set the agent owns is named
+//! `PROXYPLAN-*` (IPv4, and the family-less port bitmaps) or `PROXYPLAN6-*` (IPv6).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Name prefix of the agent's IPv4 (and bitmap) sets.
+pub const PREFIX_V4: &str = "PROXYPLAN-";
+/// Name prefix of the agent's IPv6 sets.
+pub const PREFIX_V6: &str = "PROXYPLAN6-";
+
+/// Whether a set called `name` is the agent's.
+#[must_use]
+pub fn is_owned(name: &str) -> bool {
+    name.starts_with(PREFIX_V4) || name.starts_with(PREFIX_V6)
+}
+
+/// The set types the ipvs mode uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetType {
+    /// `hash:ip`: addresses.
+    HashIp,
+    /// `hash:ip,port`: `10.96.0.10,tcp:80`.
+    HashIpPort,
+    /// `hash:ip,port,ip`: `10.244.1.2,tcp:8080,10.244.1.2`.
+    HashIpPortIp,
+    /// `hash:ip,port,net`: `203.0.113.7,tcp:80,10.0.0.0/8`.
+    HashIpPortNet,
+    /// `bitmap:port`: port numbers, protocol-less.
+    BitmapPort,
+}
+
+impl SetType {
+    /// The type as ipset spells it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HashIp => "hash:ip",
+            Self::HashIpPort => "hash:ip,port",
+            Self::HashIpPortIp => "hash:ip,port,ip",
+            Self::HashIpPortNet => "hash:ip,port,net",
+            Self::BitmapPort => "bitmap:port",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "hash:ip" => Self::HashIp,
+            "hash:ip,port" => Self::HashIpPort,
+            "hash:ip,port,ip" => Self::HashIpPortIp,
+            "hash:ip,port,net" => Self::HashIpPortNet,
+            "bitmap:port" => Self::BitmapPort,
+            _ => return None,
+        })
+    }
+}
+
+/// A set's definition: its type and, for hash sets, its family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SetSpec {
+    /// The type.
+    pub kind: SetType,
+    /// `true` for `family inet6` (hash sets only).
+    pub ipv6: bool,
+}
+
+impl SetSpec {
+    /// The `create` options after the name.
+    #[must_use]
+    pub fn create_options(&self) -> String {
+        match self.kind {
+            SetType::BitmapPort => "bitmap:port range 0-65535".to_owned(),
+            kind => format!(
+                "{} family {} hashsize 1024 maxelem 1048576",
+                kind.as_str(),
+                if self.ipv6 { "inet6" } else { "inet" }
+            ),
+        }
+    }
+}
+
+/// A set with its entries, spelled as `ipset save` prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpSet {
+    /// Type and family.
+    pub spec: SetSpec,
+    /// Entries in `ipset save` form (`10.96.0.10,tcp:80`; hosts without `/32`).
+    pub entries: BTreeSet<String>,
+}
+
+impl IpSet {
+    /// An empty set.
+    #[must_use]
+    pub fn new(kind: SetType, ipv6: bool) -> Self {
+        Self {
+            spec: SetSpec { kind, ipv6 },
+            entries: BTreeSet::new(),
+        }
+    }
+}
+
+/// Every owned set: name → set.
+pub type Sets = BTreeMap<String, IpSet>;
+
+/// Reads the agent's sets from `ipset save` output; other sets are ignored. A set of a
+/// type the agent never creates is kept with no entries so that it is replaced.
+#[must_use]
+pub fn parse_save(text: &str) -> Sets {
+    let mut sets = Sets::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("create"), Some(name), Some(kind)) if is_owned(name) => {
+                let rest: Vec<&str> = words.collect();
+                let ipv6 = rest
+                    .windows(2)
+                    .any(|w| w.first() == Some(&"family") && w.get(1) == Some(&"inet6"));
+                let Some(kind) = SetType::parse(kind) else {
+                    continue;
+                };
+                sets.insert(name.to_owned(), IpSet::new(kind, ipv6));
+            }
+            (Some("add"), Some(name), Some(entry)) => {
+                if let Some(set) = sets.get_mut(name) {
+                    set.entries.insert(entry.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    sets
+}
+
+/// The `ipset restore` scripts that bring `kernel` to `desired`: `before` creates sets
+/// and changes entries (run before the iptables rules that use them), `after` destroys
+/// sets nothing wants any more (run after the rules that used them are gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetChanges {
+    /// Creates, adds and dels.
+    pub before: String,
+    /// Destroys.
+    pub after: String,
+    /// Number of sets created or destroyed plus entries added or deleted.
+    pub changed: usize,
+    /// Sets whose type differs from the wanted one (they must be removed first).
+    pub mismatched: Vec<String>,
+}
+
+impl SetChanges {
+    /// Compares `desired` with `kernel`.
+    #[must_use]
+    pub fn between(desired: &Sets, kernel: &Sets) -> Self {
+        let mut out = Self::default();
+        for (name, want) in desired {
+            let have = kernel.get(name);
+            match have {
+                Some(have) if have.spec != want.spec => {
+                    out.mismatched.push(name.clone());
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    out.before
+                        .push_str(&format!("create {name} {}\n", want.spec.create_options()));
+                    out.changed += 1;
+                }
+            }
+            let empty = BTreeSet::new();
+            let held = have.map_or(&empty, |h| &h.entries);
+            for entry in want.entries.difference(held) {
+                out.before.push_str(&format!("add {name} {entry}\n"));
+                out.changed += 1;
+            }
+            for entry in held.difference(&want.entries) {
+                out.before.push_str(&format!("del {name} {entry}\n"));
+                out.changed += 1;
+            }
+        }
+        for name in kernel.keys().filter(|n| !desired.contains_key(*n)) {
+            out.after.push_str(&format!("destroy {name}\n"));
+            out.changed += 1;
+        }
+        out
+    }
+
+    /// Whether nothing changes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.before.is_empty() && self.after.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVE: &str = "\
+create PROXYPLAN-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0xae5c9c52
+add PROXYPLAN-CLUSTER-IP 10.96.0.11,udp:53
+add PROXYPLAN-CLUSTER-IP 10.96.0.10,tcp:80
+create PROXYPLAN6-LB-SRC-CIDR hash:ip,port,net family inet6 hashsize 1024 maxelem 65536 bucketsize 12 initval 0x0a9f71a9
+add PROXYPLAN6-LB-SRC-CIDR fd00::1,tcp:80,fd01::5
+create PROXYPLAN-NP-TCP bitmap:port range 0-65535
+add PROXYPLAN-NP-TCP 30080
+create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536
+add KUBE-CLUSTER-IP 10.96.0.1,tcp:443
+create PROXYPLAN-OLD hash:ip family inet hashsize 1024 maxelem 65536
+";
+
+    #[test]
+    fn reads_only_owned_sets_as_ipset_save_prints_them() {
+        let sets = parse_save(SAVE);
+        assert_eq!(
+            sets.keys().collect::<Vec<_>>(),
+            [
+                "PROXYPLAN-CLUSTER-IP",
+                "PROXYPLAN-NP-TCP",
+                "PROXYPLAN-OLD",
+                "PROXYPLAN6-LB-SRC-CIDR"
+            ]
+        );
+        let cluster = &sets["PROXYPLAN-CLUSTER-IP"];
+        assert_eq!(
+            cluster.spec,
+            SetSpec {
+                kind: SetType::HashIpPort,
+                ipv6: false
+            }
+        );
+        assert_eq!(cluster.entries.len(), 2);
+        assert!(sets["PROXYPLAN6-LB-SRC-CIDR"].spec.ipv6);
+        assert_eq!(sets["PROXYPLAN-NP-TCP"].spec.kind, SetType::BitmapPort);
+    }
+
+    #[test]
+    fn changes_entries_in_place_and_destroys_after_the_rules() {
+        let kernel = parse_save(SAVE);
+        let mut desired = Sets::new();
+        let mut cluster = IpSet::new(SetType::HashIpPort, false);
+        cluster.entries.insert("10.96.0.10,tcp:80".into());
+        cluster.entries.insert("10.96.0.12,tcp:8080".into());
+        desired.insert("PROXYPLAN-CLUSTER-IP".into(), cluster);
+        desired.insert(
+            "PROXYPLAN-NP-TCP".into(),
+            kernel["PROXYPLAN-NP-TCP"].clone(),
+        );
+        desired.insert(
+            "PROXYPLAN-DROP".into(),
+            IpSet::new(SetType::HashIpPort, false),
+        );
+        desired.insert(
+            "PROXYPLAN6-LB-SRC-CIDR".into(),
+            IpSet::new(SetType::HashIpPort, true),
+        );
+        let changes = SetChanges::between(&desired, &kernel);
+        assert_eq!(
+            changes.before,
+            "add PROXYPLAN-CLUSTER-IP 10.96.0.12,tcp:8080\n\
+             del PROXYPLAN-CLUSTER-IP 10.96.0.11,udp:53\n\
+             create PROXYPLAN-DROP hash:ip,port family inet hashsize 1024 maxelem 1048576\n"
+        );
+        assert_eq!(changes.after, "destroy PROXYPLAN-OLD\n");
+        assert_eq!(changes.mismatched, ["PROXYPLAN6-LB-SRC-CIDR"]);
+        assert_eq!(changes.changed, 4);
+        assert!(SetChanges::between(&kernel, &kernel).is_empty());
+    }
+}

@@ -1,0 +1,283 @@
+//! The ipvs mode's netlink edge: one blocking socket type used for generic netlink (IPVS)
+//! and rtnetlink (the dummy interface and its addresses).
+//!
+//! Requests are sent in batches: many messages back to back in one `send`, each asking
+//! for an ack, so 100,000 IPVS operations cost a few hundred system calls, not 200,000.
+//! The kernel handles every message of a batch even when an earlier one fails, and acks
+//! each; the answer is one result per request, in order.
+
+use std::io;
+
+use netlink_sys::Socket;
+
+use super::{NLM_F_ACK, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR};
+
+/// Bytes of requests per `send`; the kernel refuses a datagram larger than its send
+/// buffer (about 200 KiB by default).
+const BATCH_BYTES: usize = 64 * 1024;
+/// Receive buffer asked of the kernel: a batch's acks and a dump's parts fit easily.
+const RECEIVE_BUFFER: usize = 4 * 1024 * 1024;
+/// Bytes read per `recv`.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// One netlink message as read from the socket: its header fields and payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMessage<'a> {
+    /// `nlmsg_type`.
+    pub message_type: u16,
+    /// `nlmsg_flags`.
+    pub flags: u16,
+    /// `nlmsg_seq`.
+    pub seq: u32,
+    /// The whole message, header included.
+    pub bytes: &'a [u8],
+}
+
+impl RawMessage<'_> {
+    /// For `NLMSG_ERROR`, the errno it carries (0 for an ack).
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        if self.message_type != NLMSG_ERROR {
+            return None;
+        }
+        let word = self.bytes.get(16..20)?;
+        Some(i32::from_ne_bytes(word.try_into().ok()?))
+    }
+}
+
+/// Splits a datagram into its netlink messages. A malformed length ends the walk.
+pub fn messages(buf: &[u8]) -> impl Iterator<Item = RawMessage<'_>> {
+    let mut offset = 0;
+    std::iter::from_fn(move || {
+        let rest = buf.get(offset..)?;
+        let header = rest.get(..16)?;
+        let len = u32::from_ne_bytes(header.get(..4)?.try_into().ok()?) as usize;
+        let bytes = rest.get(..len).filter(|_| len >= 16)?;
+        offset += (len + 3) & !3;
+        Some(RawMessage {
+            message_type: u16::from_ne_bytes(header.get(4..6)?.try_into().ok()?),
+            flags: u16::from_ne_bytes(header.get(6..8)?.try_into().ok()?),
+            seq: u32::from_ne_bytes(header.get(8..12)?.try_into().ok()?),
+            bytes,
+        })
+    })
+}
+
+/// A netlink socket talking to the kernel, one request or batch at a time.
+#[derive(Debug)]
+pub struct NetlinkSocket {
+    socket: Socket,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+/// An errno as an [`io::Error`].
+#[must_use]
+pub fn errno_error(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno.abs())
+}
+
+impl NetlinkSocket {
+    /// Opens a socket of `protocol` (`NETLINK_GENERIC`, `NETLINK_ROUTE`) in the calling
+    /// thread's network namespace.
+    ///
+    /// # Errors
+    /// When the socket cannot be opened or bound.
+    pub fn open(protocol: isize) -> io::Result<Self> {
+        let mut socket = Socket::new(protocol)?;
+        socket.bind_auto()?;
+        // Acks carry only the request's header, not the whole request back.
+        socket.set_cap_ack(true)?;
+        // Best effort: the default is enough for small batches.
+        let _ = socket.set_rx_buf_sz(RECEIVE_BUFFER);
+        Ok(Self {
+            socket,
+            seq: 1,
+            buf: Vec::with_capacity(READ_CHUNK),
+        })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
+    }
+
+    fn receive(&mut self) -> io::Result<()> {
+        self.buf.clear();
+        if self.buf.capacity() < READ_CHUNK {
+            self.buf.reserve(READ_CHUNK);
+        }
+        self.socket.recv(&mut self.buf, 0)?;
+        Ok(())
+    }
+
+    /// Sends `requests` (complete messages with `NLM_F_ACK`; their sequence numbers are
+    /// overwritten) in batches and returns each one's errno: 0 for success.
+    ///
+    /// # Errors
+    /// When the socket fails; a refused request is not an error here.
+    pub fn transact<I>(&mut self, requests: I) -> io::Result<Vec<i32>>
+    where
+        I: IntoIterator<Item = Vec<u8>>,
+    {
+        let mut results = Vec::new();
+        let mut batch = Vec::with_capacity(BATCH_BYTES + 1024);
+        let mut first_seq = 0;
+        let mut count = 0usize;
+        for mut request in requests {
+            if request.len() < 16 {
+                results.push(-libc_einval());
+                continue;
+            }
+            let seq = self.next_seq();
+            if count == 0 {
+                first_seq = seq;
+            }
+            request[8..12].copy_from_slice(&seq.to_ne_bytes());
+            let flags = u16::from_ne_bytes([request[6], request[7]]) | NLM_F_ACK;
+            request[6..8].copy_from_slice(&flags.to_ne_bytes());
+            batch.extend_from_slice(&request);
+            batch.resize((batch.len() + 3) & !3, 0);
+            count += 1;
+            if batch.len() >= BATCH_BYTES {
+                self.flush(&batch, first_seq, count, &mut results)?;
+                batch.clear();
+                count = 0;
+            }
+        }
+        if count > 0 {
+            self.flush(&batch, first_seq, count, &mut results)?;
+        }
+        Ok(results)
+    }
+
+    /// Sends one batch and collects one errno per message, in order.
+    fn flush(
+        &mut self,
+        batch: &[u8],
+        first_seq: u32,
+        count: usize,
+        results: &mut Vec<i32>,
+    ) -> io::Result<()> {
+        self.socket.send(batch, 0)?;
+        let start = results.len();
+        results.resize(start + count, 0);
+        let mut answered = vec![false; count];
+        let mut remaining = count;
+        while remaining > 0 {
+            self.receive()?;
+            for msg in messages(&self.buf) {
+                let Some(errno) = msg.errno() else { continue };
+                let index = msg.seq.wrapping_sub(first_seq) as usize;
+                if let Some(seen) = answered.get_mut(index)
+                    && !*seen
+                {
+                    *seen = true;
+                    results[start + index] = errno;
+                    remaining -= 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one dump request (its sequence number is overwritten) and returns every
+    /// reply message's bytes, back to back, without the closing `NLMSG_DONE`.
+    ///
+    /// # Errors
+    /// When the socket fails or the kernel refuses the dump.
+    pub fn dump(&mut self, mut request: Vec<u8>) -> io::Result<Vec<u8>> {
+        if request.len() < 16 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "short request"));
+        }
+        let seq = self.next_seq();
+        request[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.socket.send(&request, 0)?;
+        let mut out = Vec::new();
+        loop {
+            self.receive()?;
+            let mut done = false;
+            for msg in messages(&self.buf).filter(|m| m.seq == seq) {
+                match msg.message_type {
+                    NLMSG_DONE => done = true,
+                    NLMSG_ERROR => match msg.errno() {
+                        Some(0) | None => done = true,
+                        Some(errno) => return Err(errno_error(errno)),
+                    },
+                    _ => {
+                        out.extend_from_slice(msg.bytes);
+                        out.resize((out.len() + 3) & !3, 0);
+                        if msg.flags & NLM_F_MULTI == 0 {
+                            done = true;
+                        }
+                    }
+                }
+            }
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Sends one request that expects a single reply message (not a dump) and returns
+    /// its bytes.
+    ///
+    /// # Errors
+    /// When the socket fails or the kernel answers with an error.
+    pub fn request(&mut self, mut request: Vec<u8>) -> io::Result<Vec<u8>> {
+        if request.len() < 16 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "short request"));
+        }
+        let seq = self.next_seq();
+        request[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.socket.send(&request, 0)?;
+        loop {
+            self.receive()?;
+            for msg in messages(&self.buf).filter(|m| m.seq == seq) {
+                match msg.errno() {
+                    Some(errno) if errno != 0 => return Err(errno_error(errno)),
+                    Some(_) => {}
+                    None => return Ok(msg.bytes.to_vec()),
+                }
+            }
+        }
+    }
+}
+
+const fn libc_einval() -> i32 {
+    22
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_datagrams_and_reads_errnos() {
+        // An ack (errno 0) for seq 7, then an error (-17, EEXIST) for seq 8, each with the
+        // capped request header echoed.
+        let mut buf = Vec::new();
+        for (seq, errno) in [(7u32, 0i32), (8, -17)] {
+            buf.extend_from_slice(&36u32.to_ne_bytes());
+            buf.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            buf.extend_from_slice(&0x100u16.to_ne_bytes());
+            buf.extend_from_slice(&seq.to_ne_bytes());
+            buf.extend_from_slice(&99u32.to_ne_bytes());
+            buf.extend_from_slice(&errno.to_ne_bytes());
+            buf.extend_from_slice(&[0; 16]);
+        }
+        let msgs: Vec<_> = messages(&buf).collect();
+        assert_eq!(msgs.len(), 2);
+        assert_eq!((msgs[0].seq, msgs[0].errno()), (7, Some(0)));
+        assert_eq!((msgs[1].seq, msgs[1].errno()), (8, Some(-17)));
+        assert_eq!(errno_error(-17).raw_os_error(), Some(17));
+    }
+
+    #[test]
+    fn a_bad_length_ends_the_walk() {
+        let mut buf = vec![0u8; 20];
+        buf[..4].copy_from_slice(&200u32.to_ne_bytes());
+        assert_eq!(messages(&buf).count(), 0);
+        assert_eq!(messages(&[]).count(), 0);
+    }
+}
