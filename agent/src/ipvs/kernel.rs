@@ -167,52 +167,109 @@ fn io_error(context: impl Into<String>, source: io::Error) -> DataplaneError {
     }
 }
 
-/// The real kernel, through netlink sockets opened on first use in the calling thread's
-/// network namespace, and `/proc/sys`.
+/// The real kernel, through netlink sockets and `/proc/sys`: those of the calling
+/// thread's network namespace ([`NetlinkKernel::new`], opened on first use), or of a
+/// named one ([`NetlinkKernel::in_netns`], for tests and tools that program a namespace
+/// other than their own).
 #[derive(Debug, Default)]
 pub struct NetlinkKernel {
     genl: Option<(NetlinkSocket, u16)>,
     route: Option<NetlinkSocket>,
+    netns: Option<std::path::PathBuf>,
+}
+
+/// Runs `work` on a thread that has entered the network namespace at `path`; the caller's
+/// namespace is untouched. A socket opened there stays in that namespace.
+fn in_namespace<T: Send>(
+    path: &std::path::Path,
+    work: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(path)?;
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(io::Error::from)?;
+                work()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
+    })
 }
 
 impl NetlinkKernel {
-    /// A kernel handle; nothing is opened yet.
+    /// A kernel handle for the calling thread's namespace; nothing is opened yet.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A kernel handle for the named network namespace (`/run/netns/NAME`), its sockets
+    /// opened at once.
+    ///
+    /// # Errors
+    /// When the namespace cannot be entered or the sockets cannot be opened there.
+    pub fn in_netns(name: &str) -> Result<Self, DataplaneError> {
+        let path = std::path::Path::new("/run/netns").join(name);
+        let (genl, route) = in_namespace(&path, || {
+            Ok((
+                NetlinkSocket::open(NETLINK_GENERIC)?,
+                NetlinkSocket::open(NETLINK_ROUTE)?,
+            ))
+        })
+        .map_err(|e| io_error(format!("opening netlink sockets in {}", path.display()), e))?;
+        let mut kernel = Self {
+            genl: None,
+            route: Some(route),
+            netns: Some(path),
+        };
+        kernel.resolve(genl)?;
+        Ok(kernel)
+    }
+
+    fn resolve(&mut self, mut socket: NetlinkSocket) -> Result<(), DataplaneError> {
+        let reply = socket
+            .request(codec::get_family(0, IPVS_GENL_NAME))
+            .map_err(|e| {
+                let context = if e.raw_os_error() == Some(2) {
+                    "IPVS is not available in this kernel: load the ip_vs module \
+                     (modprobe ip_vs) or use --mode iptables"
+                } else {
+                    "resolving the IPVS generic netlink family"
+                };
+                io_error(context, e)
+            })?;
+        let id = match codec::family_id_from_reply(&reply) {
+            Ok(Ok(id)) => id,
+            Ok(Err(errno)) => {
+                return Err(io_error(
+                    "resolving the IPVS generic netlink family",
+                    super::netlink::errno_error(errno),
+                ));
+            }
+            Err(e) => {
+                return Err(io_error(
+                    "resolving the IPVS generic netlink family",
+                    io::Error::new(io::ErrorKind::InvalidData, e),
+                ));
+            }
+        };
+        self.genl = Some((socket, id));
+        Ok(())
+    }
+
+    fn sysctl_io<T: Send>(&self, work: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+        match &self.netns {
+            Some(path) => in_namespace(path, work),
+            None => work(),
+        }
+    }
+
     fn ipvs(&mut self) -> Result<(&mut NetlinkSocket, u16), DataplaneError> {
         if self.genl.is_none() {
-            let mut socket = NetlinkSocket::open(NETLINK_GENERIC)
+            let socket = NetlinkSocket::open(NETLINK_GENERIC)
                 .map_err(|e| io_error("opening a generic netlink socket", e))?;
-            let reply = socket
-                .request(codec::get_family(0, IPVS_GENL_NAME))
-                .map_err(|e| {
-                    let context = if e.raw_os_error() == Some(2) {
-                        "IPVS is not available in this kernel: load the ip_vs module \
-                         (modprobe ip_vs) or use --mode iptables"
-                    } else {
-                        "resolving the IPVS generic netlink family"
-                    };
-                    io_error(context, e)
-                })?;
-            let id = match codec::family_id_from_reply(&reply) {
-                Ok(Ok(id)) => id,
-                Ok(Err(errno)) => {
-                    return Err(io_error(
-                        "resolving the IPVS generic netlink family",
-                        super::netlink::errno_error(errno),
-                    ));
-                }
-                Err(e) => {
-                    return Err(io_error(
-                        "resolving the IPVS generic netlink family",
-                        io::Error::new(io::ErrorKind::InvalidData, e),
-                    ));
-                }
-            };
-            self.genl = Some((socket, id));
+            self.resolve(socket)?;
         }
         match self.genl.as_mut() {
             Some((socket, id)) => Ok((socket, *id)),
@@ -474,7 +531,7 @@ impl IpvsKernel for NetlinkKernel {
 
     fn read_sysctl(&mut self, name: &str) -> Result<Option<String>, DataplaneError> {
         let path = format!("/proc/sys/{name}");
-        match std::fs::read_to_string(&path) {
+        match self.sysctl_io(|| std::fs::read_to_string(&path)) {
             Ok(text) => Ok(Some(text.trim().to_owned())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_error(format!("reading {path}"), e)),
@@ -483,6 +540,7 @@ impl IpvsKernel for NetlinkKernel {
 
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError> {
         let path = format!("/proc/sys/{name}");
-        std::fs::write(&path, value).map_err(|e| io_error(format!("writing {value} to {path}"), e))
+        self.sysctl_io(|| std::fs::write(&path, value))
+            .map_err(|e| io_error(format!("writing {value} to {path}"), e))
     }
 }

@@ -31,10 +31,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::iptables::BackendChoice;
 use proxyplan_agent::iptables::kernel::Tool;
 use proxyplan_agent::iptables::{
     Backend, CommandRunner, Family, IptablesDataplane, RenderSettings,
 };
+use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
+use proxyplan_agent::ipvs::kernel::NetlinkKernel;
+use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_agent::run::ProxyMode;
 
 /// The node's address towards `ext`.
 pub const NODE_V4: &str = "10.10.0.1";
@@ -189,6 +195,16 @@ fn unavailable() -> Option<String> {
         }
     }
     None
+}
+
+/// The proxy mode the traffic tests exercise: `PROXYPLAN_TEST_MODE=ipvs` (set when they
+/// run inside the VM of `shared/vm`, whose kernel has IPVS) or iptables.
+#[must_use]
+pub fn mode_under_test() -> ProxyMode {
+    match std::env::var("PROXYPLAN_TEST_MODE").as_deref() {
+        Ok("ipvs") => ProxyMode::Ipvs,
+        _ => ProxyMode::Iptables,
+    }
 }
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
@@ -367,10 +383,24 @@ impl Lab {
         }
     }
 
-    /// The agent's iptables dataplane for the node, nft back end.
+    /// The agent's dataplane for the node in the mode under test
+    /// ([`mode_under_test`]): iptables (nft back end) or ipvs.
     #[must_use]
-    pub fn dataplane(&self) -> IptablesDataplane<CommandRunner> {
-        self.dataplane_with(Backend::Nft)
+    pub fn dataplane(&self) -> Box<dyn Dataplane + Send> {
+        match mode_under_test() {
+            ProxyMode::Iptables => Box::new(self.dataplane_with(Backend::Nft)),
+            ProxyMode::Ipvs => {
+                let node = self.ns("node");
+                let kernel = NetlinkKernel::in_netns(&node)
+                    .unwrap_or_else(|e| panic!("netlink in {node}: {e}"));
+                Box::new(IpvsDataplane::new(
+                    IpvsSettings::default(),
+                    kernel,
+                    CommandRunner::in_netns(&node),
+                    BackendChoice::Nft,
+                ))
+            }
+        }
     }
 
     /// The agent's iptables dataplane for the node with `backend`.
