@@ -14,6 +14,20 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# The ipvs mode needs a kernel with IPVS: the traffic suite (in ipvs mode) and the ipvs
+# kernel tests run inside the throwaway VM of ../shared/vm (one boot per test binary).
+echo "== cargo test in the VM (ipvs mode)"
+vm=${PROXYPLAN_VM:-../shared/vm/run-in-vm.sh}
+if [ ! -x "$vm" ]; then
+    echo "FAILED: the VM harness $vm is missing (set PROXYPLAN_VM to run-in-vm.sh)" | tee -a "$log"
+    status=1
+else
+    vm=$(cd "$(dirname "$vm")" && pwd)/$(basename "$vm")
+    VM_EXTRA_TOOLS="$(command -v socat) $(command -v ss)" \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs --timeout 1200 --runner" \
+        cargo test --locked -p proxyplan-agent --test traffic --test ipvs_kernel \
+        -- --include-ignored --skip legacy_backend --test-threads 2 2>&1 | tee -a "$log" || status=$?
+fi
 # One closing line for the whole run: the sum of every test binary's result line.
 awk '/^test result:/ {
         for (i = 1; i <= NF; i++) {
