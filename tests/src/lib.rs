@@ -1,1 +1,9 @@
 //! Integration and end-to-end tests of proxyplan live in `tests/`.
+//!
+//! This library holds the parts of the end-to-end suite (`tests/tests/e2e.rs`) that need
+//! no cluster, so that they are unit-tested on every run: the objects the suite creates,
+//! what every node's merged plan must then hold, the kubeconfig the agents use from
+//! their network namespaces, the forwarder that carries their API traffic, and the
+//! libtest-style report.
+
+pub mod e2e;
