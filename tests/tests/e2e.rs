@@ -11,7 +11,9 @@
 //! With it, the suite runs the real binaries as local processes against that cluster:
 //!
 //! - `E2E_KUBECONFIG`: kubeconfig of a **disposable** cluster without proxyplan
-//!   installed. Its current context is used, with the permissions of a cluster admin.
+//!   installed (kind, for instance; on a cloud cluster the cloud's node controller may
+//!   delete the fake nodes). Its current context is used, with the permissions of a
+//!   cluster admin.
 //! - `E2E_CONTROLLER_BIN`, `E2E_AGENT_BIN`: the binaries; default
 //!   `target/<profile>/proxyplan-{controller,agent}` of this workspace (build them with
 //!   `cargo build --bins`; `cargo test` does not).

@@ -162,11 +162,18 @@ impl Suite {
             .iter()
             .find(|p| p.status.as_ref().is_some_and(|s| !s.conditions.is_empty()))
         {
+            let name = live.name_any();
+            if name.starts_with("proxyplan-e2e-") {
+                return Err(format!(
+                    "NodeProxyPlan {name} has an agent's status: an earlier run of this suite \
+                     was killed before its clean-up; delete its fake Node {name} (and its \
+                     namespace) and run again"
+                ));
+            }
             return Err(format!(
-                "NodeProxyPlan {} has an agent's status: proxyplan seems to be installed in this \
-                 cluster, and the suite's own controller would fight it; use a disposable \
-                 cluster without proxyplan",
-                live.name_any()
+                "NodeProxyPlan {name} has an agent's status: proxyplan seems to be installed in \
+                 this cluster, and the suite's own controller would fight it; use a disposable \
+                 cluster without proxyplan"
             ));
         }
         Ok(())
