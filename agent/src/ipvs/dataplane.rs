@@ -287,6 +287,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         &self.kernel
     }
 
+    /// The runner (for tests to inspect a fake).
+    #[must_use]
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
     /// The sysctls checked by the first sync.
     #[must_use]
     pub fn sysctls(&self) -> &[SysctlCheck] {
@@ -432,6 +438,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         if self.sysctls.is_empty() {
             self.check_sysctls(&mut report.payload, dry_run);
         }
+        let had_model = self.model.is_some();
         let mut model = match self.model.take() {
             Some(model) => model,
             None => self.read_model(!dry_run)?,
@@ -440,18 +447,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             .settings
             .nodeport_addresses(model.local.iter().copied());
         let desired = render::render(plan, &self.settings, &nodeport);
-        let result = self.apply_state(&desired, &mut model, dry_run, &mut report);
-        match result {
-            Ok(()) => {
-                if !dry_run {
-                    self.model = Some(model);
-                } else {
-                    // A dry run changes nothing: keep the model as it was read.
-                    self.model = Some(model);
-                }
-            }
-            // The model is unknown after a partial failure: read the kernel next time.
-            Err(err) => return Err(err),
+        // On failure the model stays unset: the next sync reads the kernel again.
+        self.apply_state(&desired, &mut model, dry_run, &mut report)?;
+        // A dry run changes nothing; a model it read (maybe without the interface, which
+        // a dry run never creates) is not kept.
+        if !dry_run || had_model {
+            self.model = Some(model);
         }
         report.rules = desired.services.len()
             + desired.real_server_count()

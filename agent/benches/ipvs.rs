@@ -1,0 +1,356 @@
+//! ipvs-mode agent benchmark (DESIGN §7), meant to run inside the VM of `shared/vm` (this
+//! host's kernel has no IPVS):
+//!
+//! ```text
+//! CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="../shared/vm/run-in-vm.sh --mem 4096 --timeout 3000 --runner" \
+//!     cargo bench -p proxyplan-agent --bench ipvs
+//! ```
+//!
+//! A node's merged plan from a synthetic cluster (10,000 Services × 10 endpoints, 5 %
+//! Local, 5 % zone-hinted) is programmed into a throwaway network namespace. Printed:
+//! the first full apply (time, and the netlink operations it took: IPVS messages and
+//! address changes), an unchanged resync, a full resync after a restart (kernel re-read),
+//! one endpoint change at a time (planner → merged plan → `sync` returns; median / p99),
+//! the peak memory of the real `proxyplan-agent apply --mode ipvs` on the same plan, and
+//! for comparison the same first apply in iptables mode (legacy back end: the nft one
+//! takes tens of minutes at this size) in the same kernel.
+//!
+//! Environment: `AGENT_BENCH_SIZES` (default `10000`), `AGENT_BENCH_CHANGES` (20),
+//! `AGENT_BENCH_IPTABLES` (`1`: also the iptables-mode comparison). Without `--bench` the
+//! defaults shrink to a smoke test. Needs root and IPVS: otherwise it prints SKIPPED.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::iptables::{BackendChoice, CommandRunner};
+use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
+use proxyplan_agent::ipvs::kernel::NetlinkKernel;
+use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
+use proxyplan_controller::{DesiredObject, Planner};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
+
+const NODE: &str = "node-00000";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(default)
+}
+
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str, addresses: &[std::net::IpAddr]) -> Self {
+        let name = format!("pp-ipvs-bench-{}-{tag}", std::process::id());
+        let ip = |args: &[&str]| {
+            let ok = Command::new("ip")
+                .args(["netns", "exec", &name, "ip"])
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip {args:?}");
+        };
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .is_ok_and(|s| s.success())
+        );
+        ip(&["link", "set", "lo", "up"]);
+        ip(&["link", "add", "eth0", "type", "dummy"]);
+        ip(&["link", "set", "eth0", "up"]);
+        for a in addresses {
+            if a.is_ipv4() {
+                ip(&["addr", "add", &format!("{a}/24"), "dev", "eth0"]);
+            } else {
+                ip(&["addr", "add", &format!("{a}/64"), "dev", "eth0", "nodad"]);
+            }
+        }
+        Self(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Objects {
+    plan: Option<NodeProxyPlan>,
+    shards: BTreeMap<String, ProxyPlanShard>,
+}
+
+impl Objects {
+    fn take(&mut self, planner: &mut Planner) {
+        let changes = planner.take_changes();
+        for object in changes.apply {
+            match object {
+                DesiredObject::Plan(p) if p.metadata.name.as_deref() == Some(NODE) => {
+                    self.plan = Some(p);
+                }
+                DesiredObject::Plan(_) => {}
+                DesiredObject::Shard(s) => {
+                    self.shards
+                        .insert(s.metadata.name.clone().unwrap_or_default(), s);
+                }
+            }
+        }
+        for name in changes.delete {
+            self.shards.remove(&name.name());
+        }
+    }
+
+    fn named_shards(&self) -> Vec<ProxyPlanShard> {
+        let plan = self.plan.as_ref().expect("node plan");
+        plan.spec
+            .shards
+            .iter()
+            .filter_map(|r| self.shards.get(&r.name).cloned())
+            .collect()
+    }
+
+    fn merged(&self) -> MergedPlan {
+        merge(self.plan.as_ref().expect("node plan"), &self.named_shards()).expect("merges")
+    }
+
+    fn write_file(&self) -> PathBuf {
+        let mut text = format!(
+            "---\n{}",
+            serde_yaml::to_string(self.plan.as_ref().unwrap()).unwrap()
+        );
+        for shard in self.named_shards() {
+            text.push_str("---\n");
+            text.push_str(&serde_yaml::to_string(&shard).unwrap());
+        }
+        let path = std::env::temp_dir().join(format!("ipvs-bench-{}.yaml", std::process::id()));
+        std::fs::write(&path, text).expect("plan file");
+        path
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn quantile(values: &[Duration], q: f64) -> Duration {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or_default()
+}
+
+/// Runs the real binary on `file` in a fresh namespace; returns (wall time, peak RSS KiB,
+/// its summary line).
+fn run_binary(
+    mode: &str,
+    file: &PathBuf,
+    addresses: &[std::net::IpAddr],
+) -> (Duration, u64, String) {
+    let ns = Netns::new(mode, addresses);
+    let agent = env!("CARGO_BIN_EXE_proxyplan-agent");
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, agent, "apply", "--mode", mode])
+        .args(["--iptables-backend", "legacy", "--plan"])
+        .arg(file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent");
+    // `ip netns exec` execs the agent: same pid.
+    let pid = child.id();
+    let mut hwm = 0;
+    while child.try_wait().expect("wait").is_none() {
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            && let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        {
+            hwm = hwm.max(kib);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let output = child.wait_with_output().expect("output");
+    let summary = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    (start.elapsed(), hwm, summary)
+}
+
+fn main() {
+    let ipvs_available = std::path::Path::new("/proc/net/ip_vs").exists()
+        || Command::new("modprobe")
+            .arg("ip_vs")
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ipvs_available
+        || !std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    {
+        println!(
+            "SKIPPED: the ipvs bench needs root and a kernel with IPVS (run it in ../shared/vm)"
+        );
+        return;
+    }
+    let sizes: Vec<usize> = std::env::var("AGENT_BENCH_SIZES")
+        .unwrap_or_else(|_| if full() { "10000".into() } else { "100".into() })
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let changes = env_or("AGENT_BENCH_CHANGES", if full() { 20 } else { 3 });
+    for services in sizes {
+        bench(services, changes);
+    }
+}
+
+fn bench(services: usize, changes: usize) {
+    let spec = SyntheticSpec {
+        services,
+        endpoints_per_service: 10,
+        nodes: if full() { 100 } else { 10 },
+        zones: if full() { 10 } else { 2 },
+        local_fraction: 0.05,
+        hinted_fraction: 0.05,
+        seed: 1,
+    };
+    let mut cluster = SyntheticCluster::generate(&spec).expect("synthetic cluster");
+    let mut planner = Planner::new(SyntheticCluster::planner_config());
+    assert!(cluster.load_into(&mut planner).is_empty());
+    let mut objects = Objects {
+        plan: None,
+        shards: BTreeMap::new(),
+    };
+    objects.take(&mut planner);
+    let merged = objects.merged();
+    let addresses = merged.addresses.clone();
+    let ns = Netns::new("lib", &addresses);
+    let mut dp = IpvsDataplane::new(
+        IpvsSettings::default(),
+        NetlinkKernel::in_netns(&ns.0).expect("netlink"),
+        CommandRunner::in_netns(&ns.0),
+        BackendChoice::Legacy,
+    );
+    let dry = dp.sync(&merged, true).expect("dry run");
+    let ipvs_ops = dry
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("# ipvs "))
+        .count();
+    let address_ops = dry
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("# ip address "))
+        .count();
+    let set_lines = dry
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("add ") || l.starts_with("create "))
+        .count();
+    drop(dry);
+    let start = Instant::now();
+    let first = dp.sync(&merged, false).expect("first apply");
+    let first_apply = start.elapsed();
+    let start = Instant::now();
+    let unchanged = dp.sync(&merged, false).expect("resync");
+    let resync = start.elapsed();
+    assert_eq!(unchanged.changed, 0, "{}", unchanged.payload);
+    let mut restarted = IpvsDataplane::new(
+        IpvsSettings::default(),
+        NetlinkKernel::in_netns(&ns.0).expect("netlink"),
+        CommandRunner::in_netns(&ns.0),
+        BackendChoice::Legacy,
+    );
+    let start = Instant::now();
+    let after_restart = restarted.sync(&merged, false).expect("restart");
+    let restart = start.elapsed();
+    assert_eq!(after_restart.changed, 0, "{}", after_restart.payload);
+    drop(restarted);
+    drop(merged);
+    let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
+    let mut times = Vec::new();
+    let mut changed = Vec::new();
+    for k in 0..changes {
+        let service = candidates[(k * 7_919 + 13) % candidates.len()];
+        let change = cluster.move_endpoint(service).expect("endpoint change");
+        planner.apply_slice(&change.slice).expect("slice");
+        objects.take(&mut planner);
+        let merged = objects.merged();
+        let start = Instant::now();
+        let report = dp.sync(&merged, false).expect("change");
+        times.push(start.elapsed());
+        changed.push(report.changed);
+    }
+    let start = Instant::now();
+    dp.cleanup().expect("cleanup");
+    let cleanup = start.elapsed();
+    drop(ns);
+
+    let file = objects.write_file();
+    let (ipvs_wall, ipvs_hwm, ipvs_summary) = run_binary("ipvs", &file, &addresses);
+    let iptables =
+        (env_or("AGENT_BENCH_IPTABLES", 1) == 1).then(|| run_binary("iptables", &file, &addresses));
+    let _ = std::fs::remove_file(&file);
+
+    println!();
+    println!("ipvs mode, {services} Services x 10 endpoints (node {NODE}):");
+    println!("| what | value |");
+    println!("|---|---|");
+    println!(
+        "| virtual servers + real servers + iptables rules | {} |",
+        first.rules
+    );
+    println!("| first full apply (library) | {} |", ms(first_apply));
+    println!(
+        "| netlink operations of the first apply | {} IPVS messages + {address_ops} address changes (+ {set_lines} ipset lines) |",
+        ipvs_ops
+    );
+    println!("| unchanged resync | {} |", ms(resync));
+    println!(
+        "| restart: kernel re-read + diff, nothing sent | {} |",
+        ms(restart)
+    );
+    println!(
+        "| one endpoint change (median / p99 of {changes}) | {} / {} |",
+        ms(quantile(&times, 0.5)),
+        ms(quantile(&times, 0.99))
+    );
+    println!(
+        "| objects changed per endpoint change | {:?} |",
+        changed
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    println!("| cleanup | {} |", ms(cleanup));
+    println!(
+        "| `proxyplan-agent apply --mode ipvs` (binary: parse + merge + apply) | {}, peak RSS {:.1} MiB |",
+        ms(ipvs_wall),
+        ipvs_hwm as f64 / 1024.0
+    );
+    println!("|   its summary | {ipvs_summary} |");
+    if let Some((wall, hwm, summary)) = iptables {
+        println!(
+            "| same plan, `--mode iptables --iptables-backend legacy` (binary) | {}, peak RSS {:.1} MiB |",
+            ms(wall),
+            hwm as f64 / 1024.0
+        );
+        println!("|   its summary | {summary} |");
+    }
+}

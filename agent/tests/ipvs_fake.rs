@@ -1,0 +1,397 @@
+//! ipvs mode against fakes: the renderer's decisions (which VIPs, virtual servers and set
+//! entries a plan becomes) and the dataplane's diff, graceful termination, dry run and
+//! clean-up, with an in-memory IPVS ([`FakeIpvsKernel`]), the iptables fake and a small
+//! in-memory ipset. The same behaviours run against the real kernel in the VM
+//! (`ipvs_kernel.rs`, and `traffic.rs` in ipvs mode).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
+use proxyplan_agent::iptables::kernel::fake::FakeKernel;
+use proxyplan_agent::iptables::{BackendChoice, CommandOutput, Runner};
+use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
+use proxyplan_agent::ipvs::ipset::{self, Sets};
+use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
+use proxyplan_agent::ipvs::render::{IpvsSettings, VirtualServerKey, render};
+use proxyplan_agent::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
+use proxyplan_crds::{
+    EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,
+    TrafficPolicy,
+};
+use support::{node_port, service, udp};
+
+const NODE: &str = "10.10.0.1";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn plan(entries: Vec<proxyplan_crds::ServicePortPlan>) -> MergedPlan {
+    let mut plan = support::plan(entries);
+    plan.addresses = vec![ip(NODE)];
+    plan
+}
+
+fn key(protocol: u16, addr: &str, port: u16) -> VirtualServerKey {
+    VirtualServerKey {
+        protocol,
+        addr: ip(addr),
+        port,
+    }
+}
+
+/// The iptables fake plus an in-memory ipset that understands `save` and `restore`.
+struct Tools {
+    iptables: FakeKernel,
+    sets: Mutex<Sets>,
+}
+
+impl Tools {
+    fn new() -> Self {
+        Self {
+            iptables: FakeKernel::new(),
+            sets: Mutex::new(Sets::new()),
+        }
+    }
+
+    fn set(&self, name: &str) -> Vec<String> {
+        self.sets
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or_else(Vec::new, |s| s.entries.iter().cloned().collect())
+    }
+}
+
+impl Runner for Tools {
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        if program != "ipset" {
+            return self.iptables.run(program, args, stdin);
+        }
+        let mut sets = self.sets.lock().unwrap();
+        let ok = |stdout: String| CommandOutput {
+            code: Some(0),
+            stdout,
+            stderr: String::new(),
+        };
+        match args.first().copied() {
+            Some("save") => {
+                let mut out = String::new();
+                for (name, set) in sets.iter() {
+                    out.push_str(&format!("create {name} {}\n", set.spec.create_options()));
+                    for entry in &set.entries {
+                        out.push_str(&format!("add {name} {entry}\n"));
+                    }
+                }
+                Ok(ok(out))
+            }
+            Some("restore") => {
+                for line in stdin.unwrap_or_default().lines() {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    match words.as_slice() {
+                        ["create", name, ..] => {
+                            let parsed = ipset::parse_save(line);
+                            if let Some(set) = parsed.get(*name) {
+                                sets.entry((*name).to_owned())
+                                    .or_insert_with(|| set.clone());
+                            }
+                        }
+                        ["add", name, entry] => {
+                            sets.get_mut(*name)
+                                .unwrap()
+                                .entries
+                                .insert((*entry).to_owned());
+                        }
+                        ["del", name, entry] => {
+                            sets.get_mut(*name).unwrap().entries.remove(*entry);
+                        }
+                        ["destroy", name] => {
+                            sets.remove(*name);
+                        }
+                        other => panic!("unexpected ipset line {other:?}"),
+                    }
+                }
+                Ok(ok(String::new()))
+            }
+            other => panic!("unexpected ipset command {other:?}"),
+        }
+    }
+}
+
+fn dataplane(settings: IpvsSettings) -> IpvsDataplane<FakeIpvsKernel, Tools> {
+    IpvsDataplane::new(
+        settings,
+        FakeIpvsKernel::new(ip(NODE)),
+        Tools::new(),
+        BackendChoice::Nft,
+    )
+}
+
+#[test]
+fn a_plan_becomes_vips_virtual_servers_and_set_entries() {
+    let web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    let mut lb = service("lb", "10.96.0.20", 443, &["10.244.2.10:8443"]);
+    lb.load_balancer_ips = vec![
+        LoadBalancerIp {
+            ip: "203.0.113.7".into(),
+            mode: LoadBalancerIpMode::VIP,
+        },
+        LoadBalancerIp {
+            ip: "203.0.113.8".into(),
+            mode: LoadBalancerIpMode::Proxy,
+        },
+    ];
+    lb.load_balancer_source_ranges = vec!["192.0.2.0/24".into(), "10.10.0.0/16".into()];
+    lb.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Cluster,
+        when_empty: EmptyAction::Reject,
+    });
+    lb.masquerade.external = true;
+    lb.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 600,
+    });
+    let mut local = node_port(
+        service("local", "10.96.0.30", 80, &["10.244.2.11:8080"]),
+        30081,
+    );
+    local.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Local,
+        when_empty: EmptyAction::Drop,
+    });
+    local.masquerade.external = false;
+    local.masquerade.local_host_to_external = true;
+    let state = render(
+        &plan(vec![web, lb, local]),
+        &IpvsSettings::default(),
+        &[ip(NODE)],
+    );
+    // VIPs: cluster IPs and the VIP-mode LB IP; never the Proxy-mode one.
+    let vips: Vec<String> = state.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        vips,
+        ["10.96.0.10", "10.96.0.20", "10.96.0.30", "203.0.113.7"]
+    );
+    let servers: Vec<String> = state.services.keys().map(ToString::to_string).collect();
+    assert_eq!(
+        servers,
+        [
+            "TCP 10.10.0.1:30080",
+            "TCP 10.10.0.1:30081",
+            "TCP 10.96.0.10:80",
+            "TCP 10.96.0.20:443",
+            "TCP 10.96.0.30:80",
+            "TCP 203.0.113.7:443"
+        ]
+    );
+    // The Local node port has no local endpoint: no real server, and a DROP entry.
+    assert!(
+        state.services[&key(IPPROTO_TCP, NODE, 30081)]
+            .real_servers
+            .is_empty()
+    );
+    assert_eq!(state.sets["PROXYPLAN-NP-DROP-TCP"].entries.len(), 1);
+    assert!(
+        state.sets["PROXYPLAN-NP-LOCAL-TCP"]
+            .entries
+            .contains("30081")
+    );
+    assert!(state.sets["PROXYPLAN-NP-TCP"].entries.contains("30080"));
+    // The cluster IP of the Local service still balances over every endpoint.
+    assert_eq!(
+        state.services[&key(IPPROTO_TCP, "10.96.0.30", 80)].real_servers,
+        [(ip("10.244.2.11"), 8080)]
+    );
+    // Affinity on both of the LB service's virtual servers.
+    assert_eq!(
+        state.services[&key(IPPROTO_TCP, "203.0.113.7", 443)].persistence,
+        Some(600)
+    );
+    assert_eq!(
+        state.services[&key(IPPROTO_TCP, "10.96.0.20", 443)].persistence,
+        Some(600)
+    );
+    // Source ranges: the VIP is firewalled, each range allowed, and the node (inside
+    // 10.10.0.0/16) may reach its own VIP.
+    let e = |name: &str| -> Vec<String> { state.sets[name].entries.iter().cloned().collect() };
+    assert_eq!(e("PROXYPLAN-LB-FW"), ["203.0.113.7,tcp:443"]);
+    assert_eq!(
+        e("PROXYPLAN-LB-SRC-CIDR"),
+        [
+            "203.0.113.7,tcp:443,10.10.0.0/16",
+            "203.0.113.7,tcp:443,192.0.2.0/24"
+        ]
+    );
+    assert_eq!(
+        e("PROXYPLAN-LB-SRC-IP"),
+        ["203.0.113.7,tcp:443,203.0.113.7"]
+    );
+    assert_eq!(e("PROXYPLAN-EXTERNAL"), ["203.0.113.7,tcp:443"]);
+    assert_eq!(e("PROXYPLAN-NODE-IP"), [NODE]);
+    // No IPv6 entries: no IPv6 sets or rules.
+    assert!(state.sets.keys().all(|n| !n.starts_with("PROXYPLAN6-")));
+    assert_eq!(state.rules.v6.rule_count(), 0);
+}
+
+#[test]
+fn syncs_send_only_differences_and_drain_removed_tcp_real_servers() {
+    let settings = IpvsSettings {
+        termination_grace: Duration::from_secs(3600),
+        ..IpvsSettings::default()
+    };
+    let mut dp = dataplane(settings);
+    let web = |eps: &[&str]| service("web", "10.96.0.10", 80, eps);
+    let dns = |eps: &[&str]| udp(service("dns", "10.96.0.53", 53, eps));
+    let both = plan(vec![
+        web(&["10.244.1.10:8080", "10.244.1.11:8080"]),
+        dns(&["10.244.1.10:5353", "10.244.1.11:5353"]),
+    ]);
+    let first = dp.sync(&both, false).unwrap();
+    assert!(first.changed > 0);
+    assert_eq!(dp.kernel().links.get("proxyplan-ipvs0"), Some(&3));
+    assert_eq!(
+        dp.kernel().sysctls["net/ipv4/vs/conntrack"],
+        "1",
+        "sysctls set"
+    );
+    assert!(dp.sysctls().iter().all(|c| c.ok));
+    let again = dp.sync(&both, false).unwrap();
+    assert_eq!(again.changed, 0, "{}", again.payload);
+
+    // One endpoint of each leaves, and an established connection is on the TCP one.
+    let web_key = (IPPROTO_TCP, ip("10.96.0.10"), 80);
+    let gone = (ip("10.244.1.11"), 8080);
+    let mut kernel_log = dp.kernel().log.len();
+    let fewer = plan(vec![web(&["10.244.1.10:8080"]), dns(&["10.244.1.10:5353"])]);
+    let report = dp.sync(&fewer, false).unwrap();
+    let log = &dp.kernel().log[kernel_log..];
+    assert!(
+        log.iter().any(
+            |l| l.contains("update real server TCP 10.96.0.10:80 -> 10.244.1.11:8080 weight 0")
+        ),
+        "{log:?}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("delete real server UDP 10.96.0.53:53 -> 10.244.1.11:5353")),
+        "UDP goes at once: {log:?}"
+    );
+    // No connection on it: the drained real server is deleted in the same sync.
+    assert!(
+        log.iter()
+            .any(|l| l.contains("delete real server TCP 10.96.0.10:80 -> 10.244.1.11:8080")),
+        "{log:?}"
+    );
+    assert_eq!(dp.kernel().weight(web_key, gone), None);
+    assert_eq!(dp.draining(), 0);
+    assert!(report.changed >= 3);
+    kernel_log = dp.kernel().log.len();
+    assert_eq!(dp.sync(&fewer, false).unwrap().changed, 0);
+    assert_eq!(dp.kernel().log.len(), kernel_log);
+}
+
+#[test]
+fn a_real_server_with_connections_waits_for_them_or_the_grace_period() {
+    let mut kernel = FakeIpvsKernel::new(ip(NODE));
+    let web = |eps: &[&str]| service("web", "10.96.0.10", 80, eps);
+    let both = plan(vec![web(&["10.244.1.10:8080", "10.244.1.11:8080"])]);
+    let one = plan(vec![web(&["10.244.1.10:8080"])]);
+    let web_key = (IPPROTO_TCP, ip("10.96.0.10"), 80);
+    let gone = (ip("10.244.1.11"), 8080);
+    // First program both, then carry the kernel over to a dataplane with a short grace.
+    {
+        let mut dp = IpvsDataplane::new(
+            IpvsSettings::default(),
+            kernel.clone(),
+            Tools::new(),
+            BackendChoice::Nft,
+        );
+        dp.sync(&both, false).unwrap();
+        kernel = dp.kernel().clone();
+    }
+    kernel.set_connections(web_key, gone, 3);
+    let settings = IpvsSettings {
+        termination_grace: Duration::from_millis(300),
+        ..IpvsSettings::default()
+    };
+    let mut dp = IpvsDataplane::new(settings, kernel, Tools::new(), BackendChoice::Nft);
+    dp.sync(&one, false).unwrap();
+    assert_eq!(dp.kernel().weight(web_key, gone), Some(0), "drained, kept");
+    assert_eq!(dp.draining(), 1);
+    dp.sync(&one, false).unwrap();
+    assert_eq!(
+        dp.kernel().weight(web_key, gone),
+        Some(0),
+        "connections left"
+    );
+    // It comes back before it is gone: weight 1 again, no longer draining.
+    dp.sync(&both, false).unwrap();
+    assert_eq!(dp.kernel().weight(web_key, gone), Some(1));
+    assert_eq!(dp.draining(), 0);
+    // Removed again; the grace period ends with the connections still there.
+    dp.sync(&one, false).unwrap();
+    std::thread::sleep(Duration::from_millis(350));
+    dp.sync(&one, false).unwrap();
+    assert_eq!(dp.kernel().weight(web_key, gone), None);
+}
+
+#[test]
+fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
+    use proxyplan_agent::ipvs::IpvsService;
+    use proxyplan_agent::ipvs::kernel::{IpvsKernel, IpvsOp};
+    let mut kernel = FakeIpvsKernel::new(ip(NODE));
+    let foreign = IpvsService::new(IPPROTO_UDP, ip("198.51.100.7"), 53, "rr");
+    assert_eq!(
+        kernel.execute(&[IpvsOp::AddService(&foreign)]).unwrap(),
+        [0]
+    );
+    let mut dp = IpvsDataplane::new(
+        IpvsSettings::default(),
+        kernel,
+        Tools::new(),
+        BackendChoice::Nft,
+    );
+    let web = plan(vec![node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    )]);
+    let dry = dp.sync(&web, true).unwrap();
+    assert!(
+        dry.payload.contains("# ipvs add service TCP 10.96.0.10:80"),
+        "{}",
+        dry.payload
+    );
+    assert!(
+        dry.payload
+            .contains("# ip address add 10.96.0.10/32 dev proxyplan-ipvs0")
+    );
+    assert_eq!(dp.kernel().services.len(), 1, "only the foreign one");
+    assert!(!dp.kernel().links.contains_key("proxyplan-ipvs0"));
+    assert!(dp.kernel().log.len() == 1);
+
+    dp.sync(&web, false).unwrap();
+    assert_eq!(dp.kernel().services.len(), 3);
+    assert_eq!(
+        dp.runner().set("PROXYPLAN-CLUSTER-IP"),
+        ["10.96.0.10,tcp:80"]
+    );
+    dp.cleanup().unwrap();
+    assert!(dp.runner().sets.lock().unwrap().is_empty());
+    let left: Vec<_> = dp.kernel().services.keys().collect();
+    assert_eq!(left, [&(IPPROTO_UDP, ip("198.51.100.7"), 53)]);
+    assert!(!dp.kernel().links.contains_key("proxyplan-ipvs0"));
+    assert!(dp.kernel().addresses.iter().all(|a| a.ip == ip(NODE)));
+}
