@@ -111,8 +111,12 @@ impl NetlinkSocket {
         Ok(())
     }
 
-    /// Sends `requests` (complete messages with `NLM_F_ACK`; their sequence numbers are
+    /// Sends `requests` (complete messages; their sequence numbers and ack flags are
     /// overwritten) in batches and returns each one's errno: 0 for success.
+    ///
+    /// Only the last message of a batch asks for an ack: the kernel handles a batch in
+    /// order and answers every failure, so that ack means the batch is done. Acking every
+    /// message would overflow the receive buffer (each ack costs about a kilobyte of it).
     ///
     /// # Errors
     /// When the socket fails; a refused request is not an error here.
@@ -122,31 +126,31 @@ impl NetlinkSocket {
     {
         let mut results = Vec::new();
         let mut batch = Vec::with_capacity(BATCH_BYTES + 1024);
+        // Offset of each message of the batch, to set the ack flag on the last one.
+        let mut offsets = Vec::new();
         let mut first_seq = 0;
-        let mut count = 0usize;
         for mut request in requests {
             if request.len() < 16 {
-                results.push(-libc_einval());
-                continue;
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "short request"));
             }
             let seq = self.next_seq();
-            if count == 0 {
+            if offsets.is_empty() {
                 first_seq = seq;
             }
             request[8..12].copy_from_slice(&seq.to_ne_bytes());
-            let flags = u16::from_ne_bytes([request[6], request[7]]) | NLM_F_ACK;
+            let flags = u16::from_ne_bytes([request[6], request[7]]) & !NLM_F_ACK;
             request[6..8].copy_from_slice(&flags.to_ne_bytes());
+            offsets.push(batch.len());
             batch.extend_from_slice(&request);
             batch.resize((batch.len() + 3) & !3, 0);
-            count += 1;
             if batch.len() >= BATCH_BYTES {
-                self.flush(&batch, first_seq, count, &mut results)?;
+                self.flush(&mut batch, &offsets, first_seq, &mut results)?;
                 batch.clear();
-                count = 0;
+                offsets.clear();
             }
         }
-        if count > 0 {
-            self.flush(&batch, first_seq, count, &mut results)?;
+        if !offsets.is_empty() {
+            self.flush(&mut batch, &offsets, first_seq, &mut results)?;
         }
         Ok(results)
     }
@@ -154,31 +158,37 @@ impl NetlinkSocket {
     /// Sends one batch and collects one errno per message, in order.
     fn flush(
         &mut self,
-        batch: &[u8],
+        batch: &mut [u8],
+        offsets: &[usize],
         first_seq: u32,
-        count: usize,
         results: &mut Vec<i32>,
     ) -> io::Result<()> {
+        let Some(&last) = offsets.last() else {
+            return Ok(());
+        };
+        if let Some(flags) = batch.get_mut(last + 6..last + 8) {
+            let value = u16::from_ne_bytes([flags[0], flags[1]]) | NLM_F_ACK;
+            flags.copy_from_slice(&value.to_ne_bytes());
+        }
         self.socket.send(batch, 0)?;
         let start = results.len();
-        results.resize(start + count, 0);
-        let mut answered = vec![false; count];
-        let mut remaining = count;
-        while remaining > 0 {
+        results.resize(start + offsets.len(), 0);
+        let last_seq = first_seq.wrapping_add(offsets.len() as u32 - 1);
+        loop {
             self.receive()?;
+            let mut done = false;
             for msg in messages(&self.buf) {
                 let Some(errno) = msg.errno() else { continue };
                 let index = msg.seq.wrapping_sub(first_seq) as usize;
-                if let Some(seen) = answered.get_mut(index)
-                    && !*seen
-                {
-                    *seen = true;
-                    results[start + index] = errno;
-                    remaining -= 1;
+                if let Some(slot) = results.get_mut(start + index).filter(|_| index < offsets.len()) {
+                    *slot = errno;
                 }
+                done |= msg.seq == last_seq;
+            }
+            if done {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     /// Sends one dump request (its sequence number is overwritten) and returns every
@@ -242,10 +252,6 @@ impl NetlinkSocket {
             }
         }
     }
-}
-
-const fn libc_einval() -> i32 {
-    22
 }
 
 #[cfg(test)]
