@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The no-cluster demo: example cluster state -> proxyplan-controller plan -> the node's
-# plan -> proxyplan-agent apply (iptables mode) inside a throwaway "node" network
+# plan -> proxyplan-agent apply (ipvs mode when the kernel has IPVS, else iptables mode)
+# inside a throwaway "node" network
 # namespace -> real TCP traffic from "pods" and an off-cluster client to real backends.
 #
 # Run as root on Linux: bash examples/demo.sh
@@ -32,6 +33,15 @@ cargo build --quiet --locked -p proxyplan-controller -p proxyplan-agent
 controller=$PWD/target/debug/proxyplan-controller
 agent=$PWD/target/debug/proxyplan-agent
 state=examples/cluster.yaml
+# ipvs mode (the default) needs IPVS and the dummy interface in the kernel; without them
+# the demo uses iptables mode. MODE=iptables or MODE=ipvs chooses.
+if [ -z "${MODE:-}" ]; then
+    modprobe -q ip_vs 2>/dev/null || true
+    if [ -e /proc/net/ip_vs ]; then MODE=ipvs; else
+        MODE=iptables
+        echo "== this kernel has no IPVS (no /proc/net/ip_vs): using --mode iptables"
+    fi
+fi
 
 tag="pp-demo-$$"
 NODE="$tag-node" EXT="$tag-ext" POD1="$tag-a1" POD2="$tag-b1"
@@ -84,9 +94,13 @@ echo "== proxyplan-controller plan --state $state --node node-a"
 "$agent" check --plan "$work/node-a.yaml"
 
 echo
-echo "== proxyplan-agent apply --plan node-a.yaml   (inside $NODE)"
-nsx "$NODE" "$agent" apply --plan "$work/node-a.yaml"
+echo "== proxyplan-agent apply --mode $MODE --plan node-a.yaml   (inside $NODE)"
+nsx "$NODE" "$agent" apply --mode "$MODE" --plan "$work/node-a.yaml"
 echo "   $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-') rules in chains PROXYPLAN-*/PP-*"
+if [ "$MODE" = ipvs ] && command -v ipvsadm >/dev/null; then
+    echo "   IPVS virtual servers (ipvsadm -Ln):"
+    nsx "$NODE" ipvsadm -Ln | sed -n '4,$p' | sed 's/^/     /'
+fi
 
 ask() { # netns, address, port -> the backend's answer, or what went wrong
     local out rc
@@ -111,6 +125,6 @@ echo
 echo "== the NodeProxyPlan node-a's agent applied"
 awk '/^---/ {n++} n==1' "$work/node-a.yaml"
 echo
-echo "== proxyplan-agent cleanup   (inside $NODE)"
-nsx "$NODE" "$agent" cleanup
+echo "== proxyplan-agent cleanup --mode $MODE   (inside $NODE)"
+nsx "$NODE" "$agent" cleanup --mode "$MODE"
 echo "   $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-' || true) rules left in chains PROXYPLAN-*/PP-*"

@@ -59,8 +59,9 @@ enum Command {
 /// How the kernel is programmed.
 #[derive(Debug, Args)]
 struct DataplaneArgs {
-    /// Proxy mode.
-    #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+    /// Proxy mode: ipvs (IPVS virtual servers, VIPs on a dummy interface, ipsets and a
+    /// fixed set of iptables rules) or iptables (a chain per service and endpoint).
+    #[arg(long, value_enum, default_value_t = ProxyMode::Ipvs)]
     mode: ProxyMode,
     /// Which iptables back end to use: the one the node already uses (auto), iptables-nft
     /// or iptables-legacy.

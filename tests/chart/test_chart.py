@@ -212,6 +212,39 @@ class Defaults(unittest.TestCase):
         self.assertEqual(sorted(sc["capabilities"]["add"]), ["NET_ADMIN", "NET_RAW"])
         self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
 
+    def test_ipvs_sysctls_init_container(self) -> None:
+        pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        self.assertEqual(init["name"], "ipvs-sysctls")
+        self.assertIs(init["securityContext"]["privileged"], True)
+        script = init["command"][-1]
+        for sysctl in (
+            "net/ipv4/vs/conntrack=1",
+            "net/ipv4/vs/expire_nodest_conn=1",
+            "net/ipv4/vs/expire_quiescent_template=1",
+            "net/ipv4/ip_forward=1",
+        ):
+            self.assertIn(sysctl, script)
+        self.assertIn("modprobe -a ip_vs ip_vs_rr dummy", script)
+        self.assertNotIn("arp_ignore", script)
+        strict = render({"agent": {"ipvs": {"strictARP": True, "scheduler": "mh",
+                                            "excludeCIDRs": ["10.0.0.0/8", "fd00::/8"]}}})
+        spec = find(strict, "DaemonSet")["spec"]["template"]["spec"]
+        self.assertIn("arp_ignore=1", spec["initContainers"][0]["command"][-1])
+        self.assertIn("ip_vs_mh", spec["initContainers"][0]["command"][-1])
+        args = container(strict, "DaemonSet")["args"]
+        for flag in ("--ipvs-strict-arp", "--ipvs-scheduler=mh",
+                     "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/8"):
+            self.assertIn(flag, args)
+
+    def test_iptables_mode_has_no_ipvs_parts(self) -> None:
+        objects = render({"agent": {"mode": "iptables"}})
+        pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+        self.assertNotIn("initContainers", pod)
+        args = container(objects, "DaemonSet")["args"]
+        self.assertIn("--mode=iptables", args)
+        self.assertFalse([a for a in args if a.startswith("--ipvs")])
+
     def test_agent_mounts(self) -> None:
         pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -238,7 +271,10 @@ class Defaults(unittest.TestCase):
         self.assertEqual(args[0], "run")
         for flag in (
             "--node=$(NODE_NAME)",
-            "--mode=iptables",
+            "--mode=ipvs",
+            "--ipvs-scheduler=rr",
+            "--ipvs-interface=proxyplan-ipvs0",
+            "--ipvs-termination-grace=120s",
             "--iptables-backend=auto",
             "--masquerade-bit=13",
             "--sync-period=30s",
@@ -393,7 +429,9 @@ class Overrides(unittest.TestCase):
 class Schema(unittest.TestCase):
     def test_rejects_bad_values(self) -> None:
         bad = [
-            {"agent": {"mode": "ipvs"}},
+            {"agent": {"mode": "userspace"}},
+            {"agent": {"ipvs": {"interface": "a-name-far-too-long"}}},
+            {"agent": {"ipvs": {"excludeCIDRs": ["10.0.0.1"]}}},
             {"agent": {"iptablesBackend": "both"}},
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
