@@ -180,7 +180,10 @@ impl NetlinkSocket {
             for msg in messages(&self.buf) {
                 let Some(errno) = msg.errno() else { continue };
                 let index = msg.seq.wrapping_sub(first_seq) as usize;
-                if let Some(slot) = results.get_mut(start + index).filter(|_| index < offsets.len()) {
+                if let Some(slot) = results
+                    .get_mut(start + index)
+                    .filter(|_| index < offsets.len())
+                {
                     *slot = errno;
                 }
                 done |= msg.seq == last_seq;

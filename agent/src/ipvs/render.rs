@@ -381,13 +381,12 @@ impl<'a> FamilyState<'a> {
                 );
             }
         }
-        if let Some(health) = e.health_check_node_port {
-            if let Some(set) = self
+        if let Some(health) = e.health_check_node_port
+            && let Some(set) = self
                 .sets
                 .get_mut(&set_name(self.family, role::HC_NODE_PORT))
-            {
-                set.entries.insert(health.to_string());
-            }
+        {
+            set.entries.insert(health.to_string());
         }
         let Some(external) = e.external else {
             return;

@@ -11,6 +11,8 @@ use crate::dataplane::DataplaneError;
 use crate::ipvs::{IpvsDestination, IpvsService};
 
 type ServiceKey = (u16, IpAddr, u16);
+/// A service and its real servers by address and port.
+pub type HeldService = (IpvsService, BTreeMap<(IpAddr, u16), IpvsDestination>);
 
 fn key(s: &IpvsService) -> ServiceKey {
     (s.protocol, s.addr, s.port)
@@ -20,7 +22,7 @@ fn key(s: &IpvsService) -> ServiceKey {
 #[derive(Debug, Clone, Default)]
 pub struct FakeIpvsKernel {
     /// Virtual services with their real servers.
-    pub services: BTreeMap<ServiceKey, (IpvsService, BTreeMap<(IpAddr, u16), IpvsDestination>)>,
+    pub services: BTreeMap<ServiceKey, HeldService>,
     /// Interfaces by name → index.
     pub links: BTreeMap<String, u32>,
     /// Addresses.
