@@ -448,16 +448,20 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             .nodeport_addresses(model.local.iter().copied());
         let desired = render::render(plan, &self.settings, &nodeport);
         // On failure the model stays unset: the next sync reads the kernel again.
+        report.rules = desired.services.len()
+            + desired.real_server_count()
+            + desired.rules.v4.rule_count()
+            + desired.rules.v6.rule_count();
         self.apply_state(&desired, &mut model, dry_run, &mut report)?;
+        if !dry_run {
+            // The kernel now holds the desired sets: move them, do not copy them.
+            model.sets = desired.sets;
+        }
         // A dry run changes nothing; a model it read (maybe without the interface, which
         // a dry run never creates) is not kept.
         if !dry_run || had_model {
             self.model = Some(model);
         }
-        report.rules = desired.services.len()
-            + desired.real_server_count()
-            + desired.rules.v4.rule_count()
-            + desired.rules.v6.rule_count();
         let next = UdpPaths::from_plan(plan);
         report.conntrack_deleted =
             self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
@@ -552,9 +556,6 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             if !dry_run {
                 self.restore_sets(&sets.after)?;
             }
-        }
-        if !dry_run {
-            model.sets = desired.sets.clone();
         }
         Ok(())
     }
