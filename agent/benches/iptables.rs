@@ -332,7 +332,14 @@ fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.0, "/usr/bin/time", "-v"])
         .arg(&agent)
-        .args(["apply", "--mode", "iptables", "--iptables-backend", &binary_backend(), "--plan"])
+        .args([
+            "apply",
+            "--mode",
+            "iptables",
+            "--iptables-backend",
+            &binary_backend(),
+            "--plan",
+        ])
         .arg(&file)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
