@@ -7,8 +7,9 @@
 //! legacy one. Per column: the first full apply (time, rules, `iptables-save` lines,
 //! payload), an unchanged resync (from the model), a full resync (kernel re-read), one
 //! endpoint change at a time (a Cluster-policy Service's pod moved: planner → new merged
-//! plan → `sync` returns; median / p99), cleanup, and the memory of the real
-//! `proxyplan-agent apply` binary on the same plan file.
+//! plan → `sync` returns; median / p99, with the time spent in `iptables-restore` and the
+//! same sync as a dry run: render, diff and payload without the kernel), cleanup, and the
+//! memory of the real `proxyplan-agent apply` binary on the same plan file.
 //!
 //! Environment: `AGENT_BENCH_SIZES` (comma-separated Service counts, default
 //! `10000,1000`), `AGENT_BENCH_BACKENDS` (default `nft,legacy`), `AGENT_BENCH_ENDPOINTS`
@@ -29,8 +30,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{Backend, CommandRunner, IptablesDataplane, RenderSettings};
+use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
+use proxyplan_agent::iptables::kernel::InputWriter;
+use proxyplan_agent::iptables::{
+    Backend, CommandOutput, CommandRunner, IptablesDataplane, RenderSettings, Runner,
+};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
@@ -95,6 +99,7 @@ struct BackendResult {
     full_resync: Option<Duration>,
     change_times: Vec<Duration>,
     change_dry: Vec<Duration>,
+    change_tools: Vec<Duration>,
     change_payload_lines: Vec<usize>,
     change_payload_bytes: Vec<usize>,
     change_chains: Vec<usize>,
@@ -132,6 +137,54 @@ fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// A [`CommandRunner`] that adds up the time spent in the tools it runs.
+struct Timed {
+    inner: CommandRunner,
+    spent: std::cell::Cell<Duration>,
+}
+
+impl Timed {
+    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.spent.set(self.spent.get() + start.elapsed());
+        out
+    }
+
+    fn take(&self) -> Duration {
+        self.spent.replace(Duration::ZERO)
+    }
+}
+
+impl Runner for Timed {
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.time(|| self.inner.run(program, args, stdin))
+    }
+
+    fn run_with_input(
+        &self,
+        program: &str,
+        args: &[&str],
+        input: &mut InputWriter<'_>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.time(|| self.inner.run_with_input(program, args, input))
+    }
+
+    fn run_lines(
+        &self,
+        program: &str,
+        args: &[&str],
+        line: &mut dyn FnMut(&str),
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.time(|| self.inner.run_lines(program, args, line))
+    }
 }
 
 /// A network namespace deleted on drop.
@@ -246,7 +299,10 @@ fn run_backend(
     let ns = Netns::new(name);
     let mut dp = IptablesDataplane::new(
         RenderSettings::default(),
-        CommandRunner::in_netns(&ns.0),
+        Timed {
+            inner: CommandRunner::in_netns(&ns.0),
+            spent: std::cell::Cell::new(Duration::ZERO),
+        },
         backend,
     );
     let merged = objects.merged();
@@ -264,7 +320,9 @@ fn run_backend(
         start.elapsed().as_secs_f64()
     );
     result.rules = report.rules;
-    result.first_payload = (report.payload.len(), report.payload.lines().count());
+    // The report keeps only the beginning of a large payload.
+    let sent = dp.payload_sent();
+    result.first_payload = (sent.bytes, sent.lines);
     drop(report);
     let save = backend_save(backend);
     result.save_lines = ["-t", "filter", "-t", "nat"]
@@ -295,9 +353,11 @@ fn run_backend(
         let dry = dp.sync(&merged, true).expect("dry run");
         result.change_dry.push(start.elapsed());
         drop(dry);
+        dp.runner().take();
         let start = Instant::now();
         let report = dp.sync(&merged, false).expect("endpoint change sync");
         result.change_times.push(start.elapsed());
+        result.change_tools.push(dp.runner().take());
         result
             .change_payload_lines
             .push(report.payload.lines().count());
@@ -378,7 +438,9 @@ fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
         .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
-    let _ = std::fs::remove_file(&file);
+    if std::env::var("KEEP_PLAN").is_err() {
+        let _ = std::fs::remove_file(&file);
+    }
     result
 }
 
@@ -533,7 +595,12 @@ fn print_table(results: &[SizeResult]) {
             "< 20 ms (kube-proxy 2.2 s @10k)",
         ),
         (
-            "  of which render + diff (dry run)",
+            "  of which in iptables-restore",
+            |_, b| med_p99(&b.change_tools),
+            "",
+        ),
+        (
+            "  render + diff + payload alone (dry run)",
             |_, b| med_p99(&b.change_dry),
             "",
         ),

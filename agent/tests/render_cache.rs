@@ -1,13 +1,22 @@
-//! `RenderCache` always renders exactly what `render` does, across a sequence of plans
+//! `RenderCache` always describes exactly what `render` does, across a sequence of plans
 //! from a synthetic cluster (endpoint moves of every kind of Service, entries removed and
-//! added back, node-local inputs changed), with the revision of every chain.
+//! added back, node-local inputs changed): every chain, with its revision and rule count.
+//! The dataplane built on it, syncing the same plans into the fake kernel, leaves
+//! exactly the rendered rules there after each one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 
-use proxyplan_agent::iptables::render::{ChainRevisions, RenderCache};
-use proxyplan_agent::iptables::{FamilyRules, RenderSettings, TableRules, render};
+use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::iptables::cache::{CachedChain, RenderCache};
+use proxyplan_agent::iptables::kernel::fake::FakeKernel;
+use proxyplan_agent::iptables::{
+    Backend, Family, FamilyRules, IptablesDataplane, RenderSettings, TableName, TableRules, names,
+    render,
+};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
@@ -46,27 +55,79 @@ impl Objects {
     }
 }
 
-fn check(cache: &mut RenderCache, plan: &MergedPlan, settings: &RenderSettings) {
-    let want = render(plan, settings);
-    let got = cache.update(plan, settings);
-    for ((rules, revisions), want) in got.iter().zip([&want.v4, &want.v6]) {
-        assert_eq!(*rules, want, "cached rules differ from render()");
-        assert_eq!(rules.dump(), want.dump());
-        assert_eq!(**revisions, expected_revisions(want));
+/// A dataplane over a fake kernel, with the settings it was started with.
+struct Node {
+    kernel: FakeKernel,
+    dp: IptablesDataplane<FakeKernel>,
+    settings: RenderSettings,
+}
+
+impl Node {
+    fn new() -> Self {
+        let kernel = FakeKernel::new();
+        let settings = RenderSettings::default();
+        Self {
+            dp: IptablesDataplane::new(settings.clone(), kernel.clone(), Backend::Nft),
+            kernel,
+            settings,
+        }
+    }
+
+    /// The agent restarted with other flags, on the same kernel.
+    fn restart(&mut self, settings: &RenderSettings) {
+        self.settings = settings.clone();
+        self.dp = IptablesDataplane::new(settings.clone(), self.kernel.clone(), Backend::Nft);
     }
 }
 
-fn expected_revisions(rules: &FamilyRules) -> ChainRevisions {
-    let table = |t: &TableRules| {
-        t.chains
-            .iter()
-            .map(|(name, rules)| (name.clone(), TableRules::revision(rules)))
-            .collect()
-    };
-    ChainRevisions {
-        filter: table(&rules.filter),
-        nat: table(&rules.nat),
+fn check(cache: &mut RenderCache, node: &mut Node, plan: &MergedPlan, settings: &RenderSettings) {
+    let want = render(plan, settings);
+    cache.update(plan, settings);
+    for (family, rules) in [(Family::V4, &want.v4), (Family::V6, &want.v6)] {
+        assert_eq!(
+            cache.chains(family),
+            expected_chains(rules),
+            "cached chains differ from render()"
+        );
+        assert_eq!(cache.rule_count(family), rules.rule_count());
     }
+
+    if node.settings != *settings {
+        node.restart(settings);
+    }
+    let report = node.dp.sync(plan, false).unwrap();
+    assert_eq!(report.rules, want.v4.rule_count() + want.v6.rule_count());
+    for (family, rules) in [(Family::V4, &want.v4), (Family::V6, &want.v6)] {
+        for table in ["filter", "nat"] {
+            let mut held = support::chains_of(&node.kernel.save(family, table), table);
+            held.retain(|name, rules| !rules.is_empty() || names::is_owned(name));
+            assert_eq!(
+                held,
+                support::chains_of(&rules.dump(), table),
+                "{family:?} {table}: the kernel differs from render()"
+            );
+        }
+    }
+    assert_eq!(node.dp.sync(plan, false).unwrap().payload, "");
+}
+
+fn expected_chains(rules: &FamilyRules) -> Vec<CachedChain> {
+    let mut out: Vec<CachedChain> = [
+        (TableName::Filter, &rules.filter),
+        (TableName::Nat, &rules.nat),
+    ]
+    .into_iter()
+    .flat_map(|(table, t): (TableName, &TableRules)| {
+        t.chains.iter().map(move |(name, rules)| CachedChain {
+            table,
+            name: name.clone(),
+            revision: TableRules::revision(rules),
+            rules: rules.len() + 1,
+        })
+    })
+    .collect();
+    out.sort();
+    out
 }
 
 #[test]
@@ -90,10 +151,11 @@ fn cached_rendering_equals_render_through_changes() {
     objects.take(&mut planner);
     let settings = RenderSettings::default();
     let mut cache = RenderCache::default();
+    let mut node = Node::new();
     let plan = objects.merged();
-    check(&mut cache, &plan, &settings);
+    check(&mut cache, &mut node, &plan, &settings);
     // Unchanged.
-    check(&mut cache, &plan, &settings);
+    check(&mut cache, &mut node, &plan, &settings);
 
     for kind in [
         ServiceKind::Cluster,
@@ -106,7 +168,7 @@ fn cached_rendering_equals_render_through_changes() {
             let change = cluster.move_endpoint(service).unwrap();
             planner.apply_slice(&change.slice).unwrap();
             objects.take(&mut planner);
-            check(&mut cache, &objects.merged(), &settings);
+            check(&mut cache, &mut node, &objects.merged(), &settings);
         }
     }
 
@@ -114,27 +176,39 @@ fn cached_rendering_equals_render_through_changes() {
     let full = objects.merged();
     let mut fewer = full.clone();
     fewer.service_ports.retain(|e| e.key.len() % 3 != 0);
-    check(&mut cache, &fewer, &settings);
+    check(&mut cache, &mut node, &fewer, &settings);
     let mut first_only = full.clone();
     first_only.service_ports.truncate(1);
-    check(&mut cache, &first_only, &settings);
-    check(&mut cache, &full, &settings);
+    check(&mut cache, &mut node, &first_only, &settings);
+    check(&mut cache, &mut node, &full, &settings);
 
     // Node-local inputs change.
     let other = RenderSettings {
         masquerade_bit: 14,
         nodeport_cidrs: vec!["172.16.0.0/12".to_owned()],
     };
-    check(&mut cache, &full, &other);
+    check(&mut cache, &mut node, &full, &other);
     let mut moved = full.clone();
     moved.local_traffic.cidrs = vec!["10.1.0.0/16".to_owned()];
     moved.addresses.clear();
-    check(&mut cache, &moved, &other);
-    check(&mut cache, &full, &settings);
+    check(&mut cache, &mut node, &moved, &other);
+    check(&mut cache, &mut node, &full, &settings);
 
     // Nothing at all, then everything again.
     let mut empty = full.clone();
     empty.service_ports.clear();
-    check(&mut cache, &empty, &settings);
-    check(&mut cache, &full, &settings);
+    check(&mut cache, &mut node, &empty, &settings);
+    check(&mut cache, &mut node, &full, &settings);
+
+    // Not what merge() makes: entries out of order, and two entries sharing a key.
+    let mut odd = full.clone();
+    odd.service_ports.reverse();
+    let mut twin = odd.service_ports[3].clone();
+    twin.cluster_endpoints.truncate(1);
+    twin.port += 1;
+    odd.service_ports.insert(7, twin);
+    check(&mut cache, &mut node, &odd, &settings);
+    odd.service_ports[7].cluster_endpoints.clear();
+    check(&mut cache, &mut node, &odd, &settings);
+    check(&mut cache, &mut node, &full, &settings);
 }

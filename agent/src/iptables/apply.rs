@@ -1,7 +1,8 @@
-//! The iptables applier's pure core: a model of what the kernel holds (read once from
-//! `iptables-save`, then kept up to date after every successful restore), the difference
-//! between that model and the desired rules, and the `iptables-restore --noflush` text that
-//! applies the difference.
+//! The iptables applier's kernel model: what the kernel holds of the agent's chains (read
+//! from `iptables-save`, line by line), and a text-based diff of desired rules against it
+//! with the `iptables-restore --noflush` text that applies the difference (used for small
+//! fixed rule sets; the iptables mode's own rules go through [`super::cache`], which
+//! does the same without keeping rule text).
 //!
 //! Chains are compared by the revision rule each of them starts with, never by their rule
 //! syntax (which the nft and legacy back ends print differently): a chain is rewritten
@@ -9,18 +10,215 @@
 //! Built-in chains are never flushed; the agent only inserts and deletes its own jumps in
 //! them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::render::ChainRevisions;
+use super::hash::{RevisionHasher, parse_revision, revision_text};
+use super::names::{ChainName, HashedName};
 use super::{BaseJump, FamilyRules, REVISION_PREFIX, TableName, TableRules, names};
 
 /// One owned chain as the kernel holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnedChain {
-    /// The hash in the chain's first rule, when that rule is a revision rule.
-    pub revision: Option<Box<str>>,
+    /// The revision in the chain's first rule, when that rule is a revision rule.
+    pub revision: Option<u64>,
     /// Number of rules in the chain, revision rule included.
     pub rules: usize,
+}
+
+/// A hashed-name chain of [`KernelChains`]: 24 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HashedEntry {
+    hash: u64,
+    revision: u64,
+    rules: u32,
+    prefix: u8,
+    has_revision: bool,
+    seen: bool,
+}
+
+impl HashedEntry {
+    fn key(&self) -> (u8, u64) {
+        (self.prefix, self.hash)
+    }
+
+    fn chain(&self) -> OwnedChain {
+        OwnedChain {
+            revision: self.has_revision.then_some(self.revision),
+            rules: self.rules as usize,
+        }
+    }
+
+    fn set(&mut self, chain: OwnedChain) {
+        self.revision = chain.revision.unwrap_or(0);
+        self.has_revision = chain.revision.is_some();
+        self.rules = u32::try_from(chain.rules).unwrap_or(u32::MAX);
+    }
+}
+
+/// The agent's chains in one table, by name: hashed names (nearly all of them) in a
+/// sorted vector of 24-byte entries, the others in a map. Each chain also carries a
+/// "seen" mark for the diff that walks the desired chains.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelChains {
+    hashed: Vec<HashedEntry>,
+    other: BTreeMap<Box<str>, (OwnedChain, bool)>,
+    /// Whether `hashed` is sorted (it is, except while a save is being read).
+    unsorted: bool,
+}
+
+impl KernelChains {
+    fn sort(&mut self) {
+        if self.unsorted {
+            self.hashed.sort_unstable_by_key(HashedEntry::key);
+            self.hashed.dedup_by_key(|e| e.key());
+            self.unsorted = false;
+        }
+    }
+
+    fn position(&self, name: HashedName) -> Result<usize, usize> {
+        let key = name.parts();
+        self.hashed.binary_search_by_key(&key, HashedEntry::key)
+    }
+
+    /// The chain called `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<OwnedChain> {
+        self.get_name(&ChainName::new(name))
+    }
+
+    /// The chain called `name`.
+    #[must_use]
+    pub fn get_name(&self, name: &ChainName) -> Option<OwnedChain> {
+        match name {
+            ChainName::Hashed(h) => self.position(*h).ok().map(|i| self.hashed[i].chain()),
+            ChainName::Other(text) => self.other.get(text).map(|(c, _)| *c),
+        }
+    }
+
+    /// Whether there is a chain called `name`.
+    #[must_use]
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Adds or replaces a chain.
+    pub fn insert(&mut self, name: &str, chain: OwnedChain) {
+        self.insert_name(ChainName::new(name), chain);
+    }
+
+    /// Adds or replaces a chain.
+    pub fn insert_name(&mut self, name: ChainName, chain: OwnedChain) {
+        match name {
+            ChainName::Hashed(h) => {
+                self.sort();
+                let mut entry = HashedEntry {
+                    hash: h.parts().1,
+                    revision: 0,
+                    rules: 0,
+                    prefix: h.parts().0,
+                    has_revision: false,
+                    seen: false,
+                };
+                entry.set(chain);
+                match self.position(h) {
+                    Ok(i) => self.hashed[i] = entry,
+                    Err(i) => self.hashed.insert(i, entry),
+                }
+            }
+            ChainName::Other(text) => {
+                self.other.insert(text, (chain, false));
+            }
+        }
+    }
+
+    /// Removes a chain.
+    pub fn remove(&mut self, name: &str) -> Option<OwnedChain> {
+        match ChainName::new(name) {
+            ChainName::Hashed(h) => {
+                let i = self.position(h).ok()?;
+                Some(self.hashed.remove(i).chain())
+            }
+            ChainName::Other(text) => self.other.remove(&text).map(|(c, _)| c),
+        }
+    }
+
+    /// Number of chains.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.hashed.len() + self.other.len()
+    }
+
+    /// Whether there is no chain.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.hashed.is_empty() && self.other.is_empty()
+    }
+
+    /// Every chain (hashed names first, in no meaningful order).
+    pub fn iter(&self) -> impl Iterator<Item = (ChainName, OwnedChain)> + '_ {
+        self.hashed
+            .iter()
+            .map(|e| {
+                (
+                    ChainName::Hashed(HashedName::from_parts(e.prefix, e.hash)),
+                    e.chain(),
+                )
+            })
+            .chain(
+                self.other
+                    .iter()
+                    .map(|(name, (c, _))| (ChainName::Other(name.clone()), *c)),
+            )
+    }
+
+    /// Every chain's name, sorted.
+    #[must_use]
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.iter().map(|(n, _)| n.to_string()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Forgets every "seen" mark.
+    pub(crate) fn clear_seen(&mut self) {
+        self.hashed.iter_mut().for_each(|e| e.seen = false);
+        self.other.values_mut().for_each(|(_, seen)| *seen = false);
+    }
+
+    /// The chain called `name`, marking it seen.
+    pub(crate) fn see(&mut self, name: &ChainName) -> Option<OwnedChain> {
+        match name {
+            ChainName::Hashed(h) => {
+                let i = self.position(*h).ok()?;
+                let entry = &mut self.hashed[i];
+                entry.seen = true;
+                Some(entry.chain())
+            }
+            ChainName::Other(text) => self.other.get_mut(text).map(|(c, seen)| {
+                *seen = true;
+                *c
+            }),
+        }
+    }
+
+    /// The chains not marked seen.
+    pub(crate) fn unseen(&self) -> impl Iterator<Item = (ChainName, OwnedChain)> + '_ {
+        self.hashed
+            .iter()
+            .filter(|e| !e.seen)
+            .map(|e| {
+                (
+                    ChainName::Hashed(HashedName::from_parts(e.prefix, e.hash)),
+                    e.chain(),
+                )
+            })
+            .chain(
+                self.other
+                    .iter()
+                    .filter(|(_, (_, seen))| !seen)
+                    .map(|(name, (c, _))| (ChainName::Other(name.clone()), *c)),
+            )
+    }
 }
 
 /// A rule in a built-in chain that jumps to one of the agent's chains.
@@ -35,8 +233,8 @@ pub struct KernelJump {
 /// What one table of one family holds, as far as the agent is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelTable {
-    /// The agent's chains ([`names::is_owned`]) by name.
-    pub chains: BTreeMap<Box<str>, OwnedChain>,
+    /// The agent's chains ([`names::is_owned`]).
+    pub chains: KernelChains,
     /// The agent's jumps in each built-in chain, in rule order.
     pub jumps: BTreeMap<String, Vec<KernelJump>>,
     /// Owned chains that a chain the agent does not own jumps to (other than a built-in
@@ -67,7 +265,8 @@ impl KernelFamily {
         }
     }
 
-    fn table_mut(&mut self, name: TableName) -> &mut KernelTable {
+    /// The table by name.
+    pub fn table_mut(&mut self, name: TableName) -> &mut KernelTable {
         match name {
             TableName::Filter => &mut self.filter,
             TableName::Nat => &mut self.nat,
@@ -123,10 +322,10 @@ pub fn split_words(line: &str) -> Vec<String> {
 
 /// The revision in a rule's words, when the rule is exactly a revision rule
 /// (`-m comment --comment proxyplan-rev:<hash>`, quoted or not).
-fn revision_in(words: &[String]) -> Option<Box<str>> {
+fn revision_in(words: &[String]) -> Option<u64> {
     match words {
         [m, comment, flag, text] if m == "-m" && comment == "comment" && flag == "--comment" => {
-            text.strip_prefix(REVISION_PREFIX).map(Box::from)
+            text.strip_prefix(REVISION_PREFIX).and_then(parse_revision)
         }
         _ => None,
     }
@@ -147,72 +346,170 @@ impl KernelTable {
     /// and the chains concerned are rewritten).
     #[must_use]
     pub fn from_save(text: &str, table: TableName) -> Self {
-        let header = format!("*{}", table.as_str());
-        let mut out = Self {
-            positions_fresh: true,
-            ..Self::default()
-        };
-        let mut builtin = BTreeSet::new();
-        let mut positions: BTreeMap<String, usize> = BTreeMap::new();
-        let mut inside = false;
-        for line in text.lines().map(str::trim) {
-            if !inside {
-                inside = line == header;
-                continue;
-            }
-            if line == "COMMIT" {
-                break;
-            }
-            if let Some(declaration) = line.strip_prefix(':') {
-                let mut parts = declaration.split_whitespace();
-                let (Some(chain), policy) = (parts.next(), parts.next()) else {
-                    continue;
-                };
-                if names::is_owned(chain) {
-                    out.chains.insert(
-                        chain.into(),
-                        OwnedChain {
-                            revision: None,
-                            rules: 0,
-                        },
-                    );
-                } else if policy.is_some_and(|p| p != "-") {
-                    builtin.insert(chain.to_owned());
-                }
-                continue;
-            }
-            let words = split_words(line);
-            let [flag, chain, rule @ ..] = words.as_slice() else {
-                continue;
+        let mut parser = SaveParser::new(table);
+        for line in text.lines() {
+            parser.line(line);
+        }
+        parser.finish()
+    }
+}
+
+/// Reads `iptables-save` output one line at a time into a [`KernelTable`], so the text
+/// (hundreds of megabytes for a large node) never has to be held.
+#[derive(Debug)]
+pub struct SaveParser {
+    header: String,
+    inside: bool,
+    done: bool,
+    out: KernelTable,
+    builtin: BTreeSet<String>,
+    positions: BTreeMap<String, usize>,
+    /// The owned chain of the previous rule line and where it is, for the next line
+    /// (rules come grouped by chain).
+    current: Option<(String, ChainName)>,
+}
+
+impl SaveParser {
+    /// A parser for the `*table` section.
+    #[must_use]
+    pub fn new(table: TableName) -> Self {
+        Self {
+            header: format!("*{}", table.as_str()),
+            inside: false,
+            done: false,
+            out: KernelTable {
+                positions_fresh: true,
+                ..KernelTable::default()
+            },
+            builtin: BTreeSet::new(),
+            positions: BTreeMap::new(),
+            current: None,
+        }
+    }
+
+    /// Reads the next line.
+    pub fn line(&mut self, line: &str) {
+        let line = line.trim();
+        if self.done {
+            return;
+        }
+        if !self.inside {
+            self.inside = line == self.header;
+            return;
+        }
+        if line == "COMMIT" {
+            self.done = true;
+            return;
+        }
+        if let Some(declaration) = line.strip_prefix(':') {
+            let mut parts = declaration.split_whitespace();
+            let (Some(chain), policy) = (parts.next(), parts.next()) else {
+                return;
             };
-            if flag != "-A" {
-                continue;
+            if names::is_owned(chain) {
+                let name = ChainName::new(chain);
+                let empty = OwnedChain {
+                    revision: None,
+                    rules: 0,
+                };
+                match name {
+                    // Declarations come before rules: sorted once, at the first rule.
+                    ChainName::Hashed(h) => {
+                        let (prefix, hash) = h.parts();
+                        self.out.chains.hashed.push(HashedEntry {
+                            hash,
+                            revision: 0,
+                            rules: 0,
+                            prefix,
+                            has_revision: false,
+                            seen: false,
+                        });
+                        self.out.chains.unsorted = true;
+                    }
+                    other => self.out.chains.insert_name(other, empty),
+                }
+                self.current = None;
+            } else if policy.is_some_and(|p| p != "-") {
+                self.builtin.insert(chain.to_owned());
             }
-            let position = positions.entry(chain.clone()).or_default();
-            *position += 1;
-            if let Some(owned) = out.chains.get_mut(chain.as_str()) {
+            return;
+        }
+        let Some(rest) = line.strip_prefix("-A ") else {
+            return;
+        };
+        let rest = rest.trim_start();
+        let (chain, rule) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        if names::is_owned(chain) && self.owned_rule(chain, rule) {
+            return;
+        }
+        let words = split_words(line);
+        let [_, chain, rule @ ..] = words.as_slice() else {
+            return;
+        };
+        let position = self.positions.entry(chain.clone()).or_default();
+        *position += 1;
+        let Some(target) = jump_target(rule).filter(|t| names::is_owned(t)) else {
+            return;
+        };
+        if self.builtin.contains(chain) {
+            self.out
+                .jumps
+                .entry(chain.clone())
+                .or_default()
+                .push(KernelJump {
+                    position: *position,
+                    words: rule.to_vec(),
+                });
+        } else {
+            self.out.foreign_refs.insert(target.to_owned());
+        }
+    }
+
+    /// Counts a rule of an owned chain; false when the chain was not declared.
+    fn owned_rule(&mut self, chain: &str, rule: &str) -> bool {
+        let name = match &self.current {
+            Some((text, name)) if text == chain => name.clone(),
+            _ => {
+                let name = ChainName::new(chain);
+                self.current = Some((chain.to_owned(), name.clone()));
+                name
+            }
+        };
+        let first = |rule: &str| revision_in(&split_words(rule));
+        let chains = &mut self.out.chains;
+        match &name {
+            ChainName::Hashed(h) => {
+                chains.sort();
+                let Ok(i) = chains.position(*h) else {
+                    return false;
+                };
+                let entry = &mut chains.hashed[i];
+                if entry.rules == 0 {
+                    let revision = first(rule);
+                    entry.revision = revision.unwrap_or(0);
+                    entry.has_revision = revision.is_some();
+                }
+                entry.rules = entry.rules.saturating_add(1);
+                true
+            }
+            ChainName::Other(text) => {
+                let Some((owned, _)) = chains.other.get_mut(text) else {
+                    return false;
+                };
                 if owned.rules == 0 {
-                    owned.revision = revision_in(rule);
+                    owned.revision = first(rule);
                 }
                 owned.rules += 1;
-                continue;
-            }
-            let Some(target) = jump_target(rule).filter(|t| names::is_owned(t)) else {
-                continue;
-            };
-            if builtin.contains(chain) {
-                out.jumps
-                    .entry(chain.clone())
-                    .or_default()
-                    .push(KernelJump {
-                        position: *position,
-                        words: rule.to_vec(),
-                    });
-            } else {
-                out.foreign_refs.insert(target.to_owned());
+                true
             }
         }
-        out
+    }
+
+    /// The table read.
+    #[must_use]
+    pub fn finish(mut self) -> KernelTable {
+        self.out.chains.sort();
+        self.out
     }
 }
 
@@ -224,7 +521,7 @@ pub struct ChainWrite<'a> {
     /// Its rules, without the revision rule.
     pub rules: &'a [String],
     /// Its revision.
-    pub revision: String,
+    pub revision: u64,
 }
 
 /// The changes to one table.
@@ -250,51 +547,34 @@ impl<'a> TableDiff<'a> {
     /// The changes that bring `kernel` to `desired`.
     #[must_use]
     pub fn new(table: TableName, desired: &'a TableRules, kernel: &KernelTable) -> Self {
-        Self::with_revisions(table, desired, kernel, None)
-    }
-
-    /// [`TableDiff::new`], with the revisions of `desired`'s chains already computed
-    /// (chains missing from `revisions` are hashed here).
-    #[must_use]
-    pub fn with_revisions(
-        table: TableName,
-        desired: &'a TableRules,
-        kernel: &KernelTable,
-        revisions: Option<&HashMap<String, String>>,
-    ) -> Self {
         let mut write = Vec::new();
         for (name, rules) in &desired.chains {
-            let computed;
-            let revision: &str = match revisions.and_then(|r| r.get(name)) {
-                Some(known) => known,
-                None => {
-                    computed = TableRules::revision(rules);
-                    &computed
-                }
-            };
-            let current = kernel.chains.get(name.as_str());
-            let unchanged = current.is_some_and(|c| {
-                c.revision.as_deref() == Some(revision) && c.rules == rules.len() + 1
-            });
+            let revision = RevisionHasher::of(rules);
+            let unchanged = kernel
+                .chains
+                .get(name)
+                .is_some_and(|c| c.revision == Some(revision) && c.rules == rules.len() + 1);
             if !unchanged {
                 write.push(ChainWrite {
                     name,
                     rules,
-                    revision: revision.to_owned(),
+                    revision,
                 });
             }
         }
-        let remove = kernel
+        let mut remove: Vec<String> = kernel
             .chains
             .iter()
+            .map(|(name, chain)| (name.to_string(), chain))
             .filter(|(name, chain)| {
-                let wanted = desired.chains.contains_key(name.as_ref());
+                let wanted = desired.chains.contains_key(name);
                 // Already flushed, and someone else's chain still jumps to it.
-                let parked = chain.rules == 0 && kernel.foreign_refs.contains(name.as_ref());
+                let parked = chain.rules == 0 && kernel.foreign_refs.contains(name);
                 !wanted && !parked
             })
-            .map(|(name, _)| name.to_string())
+            .map(|(name, _)| name)
             .collect();
+        remove.sort_unstable();
         let (delete_jumps, insert_jumps) = jump_changes(&desired.base_jumps, &kernel.jumps);
         Self {
             table,
@@ -361,7 +641,7 @@ impl<'a> TableDiff<'a> {
                 chain.name,
                 " -m comment --comment \"",
                 REVISION_PREFIX,
-                &chain.revision,
+                &revision_text(chain.revision),
                 "\"",
             ]);
             for rule in chain.rules {
@@ -382,9 +662,9 @@ impl<'a> TableDiff<'a> {
     pub fn apply_to(&self, kernel: &mut KernelTable) {
         for chain in &self.write {
             kernel.chains.insert(
-                chain.name.into(),
+                chain.name,
                 OwnedChain {
-                    revision: Some(chain.revision.as_str().into()),
+                    revision: Some(chain.revision),
                     rules: chain.rules.len() + 1,
                 },
             );
@@ -392,50 +672,58 @@ impl<'a> TableDiff<'a> {
         for chain in &self.remove {
             if kernel.foreign_refs.contains(chain) {
                 kernel.chains.insert(
-                    chain.as_str().into(),
+                    chain,
                     OwnedChain {
                         revision: None,
                         rules: 0,
                     },
                 );
             } else {
-                kernel.chains.remove(chain.as_str());
+                kernel.chains.remove(chain);
             }
         }
-        let touched: BTreeSet<&str> = self
-            .delete_jumps
-            .iter()
-            .map(|(c, _)| c.as_str())
-            .chain(self.insert_jumps.iter().map(|j| j.chain))
-            .collect();
-        for chain in touched {
-            // Inserted in reverse, so the jumps now lead the chain in render order.
-            let jumps: Vec<KernelJump> = self
-                .insert_jumps
-                .iter()
-                .rev()
-                .filter(|j| j.chain == chain)
-                .enumerate()
-                .map(|(i, j)| KernelJump {
-                    position: i + 1,
-                    words: split_words(&j.rule),
-                })
-                .collect();
-            if jumps.is_empty() {
-                kernel.jumps.remove(chain);
-            } else {
-                kernel.jumps.insert(chain.to_owned(), jumps);
-            }
-        }
-        kernel.positions_fresh = false;
+        apply_jumps(kernel, &self.delete_jumps, &self.insert_jumps);
     }
+}
+
+/// Updates `kernel`'s jumps to what it holds after `deletes` and `inserts` (see
+/// [`jump_changes`]) were applied.
+pub(crate) fn apply_jumps(
+    kernel: &mut KernelTable,
+    deletes: &[(String, usize)],
+    inserts: &[&BaseJump],
+) {
+    let touched: BTreeSet<&str> = deletes
+        .iter()
+        .map(|(c, _)| c.as_str())
+        .chain(inserts.iter().map(|j| j.chain))
+        .collect();
+    for chain in touched {
+        // Inserted in reverse, so the jumps now lead the chain in render order.
+        let jumps: Vec<KernelJump> = inserts
+            .iter()
+            .rev()
+            .filter(|j| j.chain == chain)
+            .enumerate()
+            .map(|(i, j)| KernelJump {
+                position: i + 1,
+                words: split_words(&j.rule),
+            })
+            .collect();
+        if jumps.is_empty() {
+            kernel.jumps.remove(chain);
+        } else {
+            kernel.jumps.insert(chain.to_owned(), jumps);
+        }
+    }
+    kernel.positions_fresh = false;
 }
 
 /// Deletions and insertions that make each built-in chain hold exactly the desired jumps.
 /// A chain whose jumps already match (in order; wherever they stand) is left alone; one
 /// without any gets them inserted at the top in render order; otherwise the agent's jumps
 /// are deleted and all re-inserted, in the same transaction.
-fn jump_changes<'a>(
+pub(crate) fn jump_changes<'a>(
     desired: &'a [BaseJump],
     kernel: &BTreeMap<String, Vec<KernelJump>>,
 ) -> (Vec<(String, usize)>, Vec<&'a BaseJump>) {
@@ -477,29 +765,9 @@ impl<'a> FamilyDiff<'a> {
     /// The changes that bring `kernel` to `desired`.
     #[must_use]
     pub fn new(desired: &'a FamilyRules, kernel: &KernelFamily) -> Self {
-        Self::with_revisions(desired, kernel, None)
-    }
-
-    /// [`FamilyDiff::new`], with the chain revisions already computed.
-    #[must_use]
-    pub fn with_revisions(
-        desired: &'a FamilyRules,
-        kernel: &KernelFamily,
-        revisions: Option<&ChainRevisions>,
-    ) -> Self {
         Self {
-            filter: TableDiff::with_revisions(
-                TableName::Filter,
-                &desired.filter,
-                &kernel.filter,
-                revisions.map(|r| r.table(TableName::Filter)),
-            ),
-            nat: TableDiff::with_revisions(
-                TableName::Nat,
-                &desired.nat,
-                &kernel.nat,
-                revisions.map(|r| r.table(TableName::Nat)),
-            ),
+            filter: TableDiff::new(TableName::Filter, &desired.filter, &kernel.filter),
+            nat: TableDiff::new(TableName::Nat, &desired.nat, &kernel.nat),
         }
     }
 
@@ -597,26 +865,28 @@ COMMIT
     fn save_output_becomes_a_model() {
         let nat = KernelTable::from_save(SAVE, TableName::Nat);
         assert_eq!(
-            nat.chains.keys().map(AsRef::as_ref).collect::<Vec<&str>>(),
+            nat.chains.names(),
             ["PP-SVC-A", "PROXYPLAN-EMPTY", "PROXYPLAN-SERVICES"]
         );
         assert_eq!(
-            nat.chains["PP-SVC-A"],
-            OwnedChain {
-                revision: Some("0123456789abcdef".into()),
+            nat.chains.get("PP-SVC-A"),
+            Some(OwnedChain {
+                revision: Some(0x0123_4567_89ab_cdef),
                 rules: 2
-            }
+            })
         );
         assert_eq!(
-            nat.chains["PROXYPLAN-SERVICES"].revision.as_deref(),
-            Some("fedcba9876543210")
+            nat.chains
+                .get("PROXYPLAN-SERVICES")
+                .and_then(|c| c.revision),
+            Some(0xfedc_ba98_7654_3210)
         );
         assert_eq!(
-            nat.chains["PROXYPLAN-EMPTY"],
-            OwnedChain {
+            nat.chains.get("PROXYPLAN-EMPTY"),
+            Some(OwnedChain {
                 revision: None,
                 rules: 0
-            }
+            })
         );
         assert_eq!(nat.jumps["PREROUTING"].len(), 1);
         assert_eq!(nat.jumps["PREROUTING"][0].position, 2);
@@ -626,6 +896,49 @@ COMMIT
         let filter = KernelTable::from_save(SAVE, TableName::Filter);
         assert_eq!(filter.chains.len(), 1);
         assert!(KernelTable::from_save("", TableName::Nat).chains.is_empty());
+    }
+
+    #[test]
+    fn hashed_chain_names_are_held_compactly_and_read_back() {
+        let svc = names::service("demo/web:http/TCP/IPv4");
+        let sep = names::endpoint(
+            "demo/web:http/TCP/IPv4",
+            &proxyplan_crds::Endpoint {
+                ip: "10.0.0.1".into(),
+                port: 80,
+            },
+        );
+        let rev = RevisionHasher::of(&["-j ACCEPT"]);
+        let text = format!(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:{sep} - [0:0]\n:{svc} - [0:0]\n:PP-SVC-SHORT - [0:0]\n\
+             -A PREROUTING -j {svc}\n\
+             -A {svc} -m comment --comment \"proxyplan-rev:{}\"\n-A {svc} -j {sep}\n\
+             -A {sep} -j DNAT --to-destination 10.0.0.1:80\n-A PP-SVC-SHORT -j {sep}\nCOMMIT\n",
+            revision_text(rev)
+        );
+        let nat = KernelTable::from_save(&text, TableName::Nat);
+        let mut expected = vec![sep.clone(), svc.clone(), "PP-SVC-SHORT".to_owned()];
+        expected.sort();
+        assert_eq!(nat.chains.names(), expected);
+        assert_eq!(
+            nat.chains.get(&svc),
+            Some(OwnedChain {
+                revision: Some(rev),
+                rules: 2
+            })
+        );
+        assert_eq!(
+            nat.chains.get(&sep),
+            Some(OwnedChain {
+                revision: None,
+                rules: 1
+            })
+        );
+        assert_eq!(nat.chains.get("PP-SVC-SHORT").map(|c| c.rules), Some(1));
+        assert_eq!(nat.jumps["PREROUTING"][0].position, 1);
+        let mut chains = nat.chains.clone();
+        assert_eq!(chains.remove(&sep).map(|c| c.rules), Some(1));
+        assert!(!chains.contains(&sep) && chains.len() == 2);
     }
 
     fn table(chains: &[(&str, &[&str])], jumps: &[(&'static str, &str)]) -> TableRules {
@@ -736,12 +1049,12 @@ COMMIT
     #[test]
     fn a_chain_with_extra_rules_or_no_revision_is_rewritten() {
         let desired = table(&[("PP-SVC-A", &["-j ACCEPT"])], &[]);
-        let rev = TableRules::revision(&["-j ACCEPT".to_owned()]);
+        let rev = RevisionHasher::of(&["-j ACCEPT"]);
         let mut kernel = KernelTable::default();
         kernel.chains.insert(
-            "PP-SVC-A".into(),
+            "PP-SVC-A",
             OwnedChain {
-                revision: Some(rev.as_str().into()),
+                revision: Some(rev),
                 rules: 3,
             },
         );
@@ -752,7 +1065,7 @@ COMMIT
             1
         );
         kernel.chains.insert(
-            "PP-SVC-A".into(),
+            "PP-SVC-A",
             OwnedChain {
                 revision: None,
                 rules: 2,
@@ -765,9 +1078,9 @@ COMMIT
             1
         );
         kernel.chains.insert(
-            "PP-SVC-A".into(),
+            "PP-SVC-A",
             OwnedChain {
-                revision: Some(rev.as_str().into()),
+                revision: Some(rev),
                 rules: 2,
             },
         );

@@ -3,12 +3,13 @@
 //! [`std::process::Command`], a fake in [`fake`]), choosing the back end, and
 //! [`IptablesDataplane`], the [`Dataplane`] that ties render, diff and apply together.
 //!
-//! The kernel is read (`iptables-save -t filter`, `-t nat`, per family) on the first sync,
-//! after the canary says the rules were flushed, after a failed restore and whenever
-//! [`IptablesDataplane::invalidate`] asks for it (the periodic full resync). Every other
-//! sync works from the in-memory model updated after each successful restore, and sends
-//! only the chains whose revision changed: one `iptables-restore --noflush` per family,
-//! both tables in it, nothing at all when nothing changed.
+//! The kernel is read (`iptables-save -t filter`, `-t nat`, per family, line by line) on
+//! the first sync, after the canary says the rules were flushed, after a failed restore
+//! and whenever [`IptablesDataplane::invalidate`] asks for it (the periodic full resync).
+//! Every other sync works from the [`FamilyCache`] of what the last successful restore
+//! left, and sends only the chains whose revision changed: one `iptables-restore
+//! --noflush` per family, both tables in it, streamed as it is rendered, nothing at all
+//! when nothing changed.
 
 pub mod fake;
 
@@ -16,12 +17,13 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 
-use proxyplan_crds::MergedPlan;
+use proxyplan_crds::{IpFamily, MergedPlan};
 
-use super::apply::{FamilyDiff, KernelFamily, KernelTable};
+use super::apply::{KernelFamily, KernelTable, SaveParser};
+use super::cache::FamilyCache;
 use super::conntrack::{self, StaleFlows, UdpPaths};
-use super::render::{ChainRevisions, RenderCache};
-use super::{Family, FamilyRules, RenderSettings, TableName, names};
+use super::render::FamilyInputs;
+use super::{Family, RenderSettings, TableName, names};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 
 /// What a command printed and how it ended.
@@ -53,6 +55,9 @@ impl CommandOutput {
     }
 }
 
+/// Writes a tool's input into the pipe it reads from.
+pub type InputWriter<'a> = dyn FnMut(&mut dyn Write) -> std::io::Result<()> + 'a;
+
 /// Runs kernel tools. The one place where the iptables mode executes anything.
 pub trait Runner {
     /// Runs `program` with `args`, feeding it `stdin`, and waits for it.
@@ -67,6 +72,51 @@ pub trait Runner {
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<CommandOutput, DataplaneError>;
+
+    /// [`Runner::run`] with the input written by `input` as the tool reads it, so a
+    /// large input is never held whole. The default collects it and calls
+    /// [`Runner::run`].
+    ///
+    /// # Errors
+    /// As [`Runner::run`]; [`DataplaneError::Io`] when `input` fails other than because
+    /// the tool stopped reading.
+    fn run_with_input(
+        &self,
+        program: &str,
+        args: &[&str],
+        input: &mut InputWriter<'_>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        let mut bytes = Vec::new();
+        input(&mut bytes).map_err(|source| DataplaneError::Io {
+            context: format!("writing the input of {program}"),
+            source,
+        })?;
+        let text = String::from_utf8(bytes).map_err(|err| DataplaneError::Io {
+            context: format!("writing the input of {program}"),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, err),
+        })?;
+        self.run(program, args, Some(&text))
+    }
+
+    /// [`Runner::run`] without input, handing each line of standard output to `line` as
+    /// it arrives (the output returned has an empty `stdout`), so a large output is never
+    /// held whole. The default calls [`Runner::run`] and splits its output.
+    ///
+    /// # Errors
+    /// As [`Runner::run`].
+    fn run_lines(
+        &self,
+        program: &str,
+        args: &[&str],
+        line: &mut dyn FnMut(&str),
+    ) -> Result<CommandOutput, DataplaneError> {
+        let mut output = self.run(program, args, None)?;
+        for text in output.stdout.lines() {
+            line(text);
+        }
+        output.stdout = String::new();
+        Ok(output)
+    }
 }
 
 /// The Debian package that provides `program`.
@@ -119,20 +169,27 @@ impl CommandRunner {
     }
 }
 
-impl Runner for CommandRunner {
-    fn run(
+impl CommandRunner {
+    /// Runs `program`: its input from `input` (none: `/dev/null`), its output to `line`
+    /// line by line (none: collected).
+    fn execute(
         &self,
         program: &str,
         args: &[&str],
-        stdin: Option<&str>,
+        input: Option<&mut InputWriter<'_>>,
+        line: Option<&mut dyn FnMut(&str)>,
     ) -> Result<CommandOutput, DataplaneError> {
         let mut argv: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
         argv.push(program);
         argv.extend_from_slice(args);
         let (first, rest) = argv.split_first().ok_or_else(|| missing(program))?;
+        let io_error = |source| DataplaneError::Io {
+            context: format!("running {program}"),
+            source,
+        };
         let mut child = Command::new(first)
             .args(rest)
-            .stdin(if stdin.is_some() {
+            .stdin(if input.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -144,39 +201,69 @@ impl Runner for CommandRunner {
                 if source.kind() == std::io::ErrorKind::NotFound {
                     missing(first)
                 } else {
-                    DataplaneError::Io {
-                        context: format!("running {program}"),
-                        source,
-                    }
+                    io_error(source)
                 }
             })?;
-        let input = child.stdin.take();
-        // Feed stdin from another thread so a tool that writes while it reads cannot
-        // deadlock against us.
-        let output = std::thread::scope(|scope| {
-            let writer = scope.spawn(move || match (input, stdin) {
-                (Some(mut pipe), Some(text)) => pipe.write_all(text.as_bytes()),
-                _ => Ok(()),
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        // Output is drained by other threads while this one writes the input, so a tool
+        // that writes while it reads cannot deadlock against us.
+        let (written, read, stdout_text, stderr_text) = std::thread::scope(|scope| {
+            let errors = scope.spawn(move || {
+                let mut text = Vec::new();
+                if let Some(mut pipe) = stderr {
+                    std::io::Read::read_to_end(&mut pipe, &mut text)?;
+                }
+                Ok::<_, std::io::Error>(text)
             });
-            let output = child.wait_with_output();
-            let written = writer
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("stdin writer panicked")));
-            // A tool that fails early stops reading; its exit status and stderr say why.
-            let written = match written {
-                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-                other => other,
+            let (written, read, out) = match line {
+                // Only ever asked for without input.
+                Some(line) => {
+                    let read = match stdout {
+                        Some(pipe) => read_lines(pipe, line),
+                        None => Ok(()),
+                    };
+                    (Ok(()), read, Ok(Vec::new()))
+                }
+                None => {
+                    let collector = scope.spawn(move || {
+                        let mut text = Vec::new();
+                        if let Some(mut pipe) = stdout {
+                            std::io::Read::read_to_end(&mut pipe, &mut text)?;
+                        }
+                        Ok::<_, std::io::Error>(text)
+                    });
+                    let written = match (stdin, input) {
+                        (Some(pipe), Some(input)) => {
+                            let mut pipe = std::io::BufWriter::with_capacity(1 << 16, pipe);
+                            // Dropping the writer closes the pipe: the tool sees the end.
+                            input(&mut pipe).and_then(|()| pipe.flush())
+                        }
+                        _ => Ok(()),
+                    };
+                    let out = collector
+                        .join()
+                        .unwrap_or_else(|_| Err(std::io::Error::other("stdout reader panicked")));
+                    (written, Ok(()), out)
+                }
             };
-            output.and_then(|o| written.map(|()| o))
-        })
-        .map_err(|source| DataplaneError::Io {
-            context: format!("running {program}"),
-            source,
-        })?;
+            let err = errors
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("stderr reader panicked")));
+            (written, read, out, err)
+        });
+        let status = child.wait().map_err(io_error)?;
+        // A tool that fails early stops reading; its exit status and stderr say why.
+        match written {
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other.map_err(io_error)?,
+        }
+        read.map_err(io_error)?;
         let output = CommandOutput {
-            code: output.status.code(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            code: status.code(),
+            stdout: String::from_utf8_lossy(&stdout_text.map_err(io_error)?).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr_text.map_err(io_error)?).into_owned(),
         };
         // `ip netns exec` reports a missing program itself.
         if !self.prefix.is_empty()
@@ -188,6 +275,57 @@ impl Runner for CommandRunner {
             return Err(missing(program));
         }
         Ok(output)
+    }
+}
+
+/// Hands each line of `pipe` (without its newline) to `line`.
+fn read_lines(pipe: impl std::io::Read, line: &mut dyn FnMut(&str)) -> std::io::Result<()> {
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, pipe);
+    let mut buffer = Vec::new();
+    loop {
+        buffer.clear();
+        if std::io::BufRead::read_until(&mut reader, b'\n', &mut buffer)? == 0 {
+            return Ok(());
+        }
+        let text = buffer.strip_suffix(b"\n").unwrap_or(&buffer);
+        line(&String::from_utf8_lossy(text));
+    }
+}
+
+impl Runner for CommandRunner {
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        match stdin {
+            Some(text) => self.execute(
+                program,
+                args,
+                Some(&mut |pipe: &mut dyn Write| pipe.write_all(text.as_bytes())),
+                None,
+            ),
+            None => self.execute(program, args, None, None),
+        }
+    }
+
+    fn run_with_input(
+        &self,
+        program: &str,
+        args: &[&str],
+        input: &mut InputWriter<'_>,
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.execute(program, args, Some(input), None)
+    }
+
+    fn run_lines(
+        &self,
+        program: &str,
+        args: &[&str],
+        line: &mut dyn FnMut(&str),
+    ) -> Result<CommandOutput, DataplaneError> {
+        self.execute(program, args, None, Some(line))
     }
 }
 
@@ -304,20 +442,48 @@ pub fn detect_backend(runner: &dyn Runner) -> Backend {
 /// the nft tools accept and ignore the flag).
 const LOCK_WAIT: &str = "5";
 
+/// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
+/// sync of a large node sends hundreds of megabytes, which are streamed to
+/// `iptables-restore` and not held. What is left out is summed up in a last comment
+/// line; [`IptablesDataplane::payload_sent`] has the full size.
+pub const REPORT_PAYLOAD_LIMIT: usize = 1 << 20;
+
+/// Size of what a sync sent (or, dry, would send) to `iptables-restore`, both families.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PayloadSize {
+    /// Bytes.
+    pub bytes: usize,
+    /// Lines.
+    pub lines: usize,
+}
+
 /// iptables mode's [`Dataplane`].
 #[derive(Debug)]
 pub struct IptablesDataplane<R> {
     settings: RenderSettings,
     runner: R,
     backend: Backend,
-    /// What each family holds (`[v4, v6]`); `None` until read.
-    kernel: [Option<KernelFamily>; 2],
-    /// Whether each family had rules after the last successful sync.
-    programmed: [bool; 2],
+    /// `[v4, v6]`.
+    families: [FamilyState; 2],
     /// The UDP paths of the last plan synced, for stale conntrack entries.
     udp: Option<UdpPaths>,
-    /// The rules of the last plan rendered, reused entry by entry.
-    rendered: RenderCache,
+    /// What the last sync sent.
+    sent: PayloadSize,
+}
+
+/// One family's knowledge of the kernel.
+#[derive(Debug, Default)]
+struct FamilyState {
+    /// The jumps in built-in chains and the foreign references, and, right after the
+    /// kernel was read, its chains; `None` until read.
+    kernel: Option<KernelFamily>,
+    /// Whether the kernel holds exactly the chains `cache` describes (then `kernel`
+    /// does not track them).
+    in_sync: bool,
+    /// What the last successful sync programmed.
+    cache: FamilyCache,
+    /// Whether the family had rules after the last successful sync.
+    programmed: bool,
 }
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
@@ -329,6 +495,170 @@ fn index(family: Family) -> usize {
     }
 }
 
+fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
+    }
+}
+
+/// Reads one table with `iptables-save -t TABLE`, line by line.
+fn read_table(
+    runner: &dyn Runner,
+    backend: Backend,
+    family: Family,
+    table: TableName,
+) -> Result<KernelTable, DataplaneError> {
+    let save = backend.binary(family, Tool::Save);
+    let args = ["-t", table.as_str()];
+    let mut parser = SaveParser::new(table);
+    let output = runner.run_lines(&save, &args, &mut |line| parser.line(line))?;
+    if !output.success() {
+        return Err(output.failure(&format!("{save} {}", args.join(" "))));
+    }
+    Ok(parser.finish())
+}
+
+/// Reads what `family` holds. IPv6 is allowed to be unavailable when nothing is wanted
+/// there (a node without IPv6): it then holds nothing.
+fn read_family(
+    runner: &dyn Runner,
+    backend: Backend,
+    family: Family,
+    wanted: bool,
+) -> Result<KernelFamily, DataplaneError> {
+    let read = || -> Result<KernelFamily, DataplaneError> {
+        Ok(KernelFamily {
+            filter: read_table(runner, backend, family, TableName::Filter)?,
+            nat: read_table(runner, backend, family, TableName::Nat)?,
+        })
+    };
+    match read() {
+        Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
+        other => other,
+    }
+}
+
+/// The report's copy of the payload: all of it, or the first `limit` bytes in whole
+/// lines and a comment saying what was left out.
+struct ReportText {
+    text: String,
+    limit: usize,
+    omitted_bytes: usize,
+    omitted_lines: usize,
+    cut: bool,
+}
+
+impl ReportText {
+    fn new(limit: usize) -> Self {
+        Self {
+            text: String::new(),
+            limit,
+            omitted_bytes: 0,
+            omitted_lines: 0,
+            cut: false,
+        }
+    }
+
+    fn push(&mut self, part: &str) {
+        if !self.cut && self.text.len() + part.len() <= self.limit {
+            self.text.push_str(part);
+            return;
+        }
+        if !self.cut {
+            self.cut = true;
+            let keep = self.text.rfind('\n').map_or(0, |i| i + 1);
+            self.omitted_bytes += self.text.len() - keep;
+            self.text.truncate(keep);
+        }
+        self.omitted_bytes += part.len();
+        self.omitted_lines += part.matches('\n').count();
+    }
+
+    fn finish(mut self) -> String {
+        if self.cut {
+            self.text.push_str(&format!(
+                "# ... {} more lines ({} bytes) not kept in this report\n",
+                self.omitted_lines, self.omitted_bytes
+            ));
+        }
+        self.text
+    }
+}
+
+impl Write for ReportText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.push(&String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the payload to the tool (if any) and the report, counting it.
+struct Tee<'a> {
+    pipe: Option<&'a mut dyn Write>,
+    report: &'a mut ReportText,
+    size: &'a mut PayloadSize,
+}
+
+impl Write for Tee<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(pipe) = self.pipe.as_mut() {
+            pipe.write_all(buf)?;
+        }
+        self.report.write_all(buf)?;
+        self.size.bytes += buf.len();
+        self.size.lines += buf.iter().filter(|b| **b == b'\n').count();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.pipe.as_mut() {
+            Some(pipe) => pipe.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Finds line `want` (1-based) of what is written to it.
+struct LineFinder {
+    want: usize,
+    line: usize,
+    found: Vec<u8>,
+}
+
+impl Write for LineFinder {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for byte in buf {
+            if *byte == b'\n' {
+                self.line += 1;
+                if self.line > self.want {
+                    return Err(std::io::Error::other("found"));
+                }
+            } else if self.line == self.want {
+                self.found.push(*byte);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The line number an `iptables-restore` error points at (`line N failed`, `Error
+/// occurred at line: N`).
+fn failed_line_number(stderr: &str) -> Option<usize> {
+    let rest = stderr.split("line").nth(1)?;
+    let rest = rest.trim_start_matches([':', ' ']);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 impl<R: Runner> IptablesDataplane<R> {
     /// A dataplane that programs through `runner` with `backend`'s tools.
     #[must_use]
@@ -337,10 +667,9 @@ impl<R: Runner> IptablesDataplane<R> {
             settings,
             runner,
             backend,
-            kernel: [None, None],
-            programmed: [false, false],
+            families: [FamilyState::default(), FamilyState::default()],
             udp: None,
-            rendered: RenderCache::default(),
+            sent: PayloadSize::default(),
         }
     }
 
@@ -363,118 +692,115 @@ impl<R: Runner> IptablesDataplane<R> {
         &self.runner
     }
 
+    /// What the last sync or cleanup sent to `iptables-restore` (dry: would have sent),
+    /// all of it, even when its report keeps only the beginning.
+    #[must_use]
+    pub fn payload_sent(&self) -> PayloadSize {
+        self.sent
+    }
+
     /// Forgets the model: the next sync reads the kernel again (the periodic full
     /// resync).
     pub fn invalidate(&mut self) {
-        self.kernel = [None, None];
-    }
-
-    fn read_table(&self, family: Family, table: TableName) -> Result<KernelTable, DataplaneError> {
-        let save = self.backend.binary(family, Tool::Save);
-        let args = ["-t", table.as_str()];
-        let output = self.runner.run(&save, &args, None)?;
-        if !output.success() {
-            return Err(output.failure(&format!("{save} {}", args.join(" "))));
-        }
-        Ok(KernelTable::from_save(&output.stdout, table))
-    }
-
-    /// Reads what `family` holds. IPv6 is allowed to be unavailable when nothing is
-    /// wanted there (a node without IPv6): it then holds nothing.
-    fn read_family(&self, family: Family, wanted: bool) -> Result<KernelFamily, DataplaneError> {
-        let read = || -> Result<KernelFamily, DataplaneError> {
-            Ok(KernelFamily {
-                filter: self.read_table(family, TableName::Filter)?,
-                nat: self.read_table(family, TableName::Nat)?,
-            })
-        };
-        match read() {
-            Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
-            other => other,
+        for state in &mut self.families {
+            state.kernel = None;
         }
     }
 
-    fn restore(&self, family: Family, payload: &str) -> Result<(), DataplaneError> {
-        let restore = self.backend.binary(family, Tool::Restore);
-        let args = ["--noflush", "-w", LOCK_WAIT];
-        let output = self.runner.run(&restore, &args, Some(payload))?;
-        if output.success() {
-            return Ok(());
-        }
-        let mut err = output.failure(&format!("{restore} {}", args.join(" ")));
-        if let DataplaneError::ToolFailed { stderr, .. } = &mut err
-            && let Some(line) = failed_line(stderr, payload)
-        {
-            stderr.push_str(&format!(" (the line: {line})"));
-        }
-        Err(err)
-    }
-
-    /// Brings one family to `desired`; returns the payload sent (or that would be).
+    /// Brings one family to `inputs` (no entries: nothing); returns the chains and jumps
+    /// changed and the rules the family then has.
     fn sync_family(
         &mut self,
         family: Family,
-        desired: &FamilyRules,
-        revisions: Option<&ChainRevisions>,
+        inputs: FamilyInputs<'_>,
         dry_run: bool,
-    ) -> Result<(String, usize), DataplaneError> {
-        let i = index(family);
-        let wanted = desired.rule_count() > 0;
-        let mut kernel = match self.kernel[i].take() {
-            Some(kernel) => kernel,
-            None => self.read_family(family, wanted)?,
+        report: &mut ReportText,
+    ) -> Result<(usize, usize), DataplaneError> {
+        let wanted = !inputs.entries.is_empty();
+        let ip = ip_family(family);
+        let runner: &dyn Runner = &self.runner;
+        let state = &mut self.families[index(family)];
+        let (mut kernel, mut in_sync) = match state.kernel.take() {
+            Some(kernel) => (kernel, state.in_sync),
+            None => (read_family(runner, self.backend, family, wanted)?, false),
         };
-        let mut diff = FamilyDiff::with_revisions(desired, &kernel, revisions);
-        if diff.needs_fresh_positions() {
-            kernel = self.read_family(family, wanted)?;
-            diff = FamilyDiff::with_revisions(desired, &kernel, revisions);
+        let mut delta = state
+            .cache
+            .diff(inputs, &self.settings, ip, &mut kernel, in_sync);
+        if delta.needs_fresh_positions() {
+            let inputs = delta.into_inputs();
+            kernel = read_family(runner, self.backend, family, wanted)?;
+            in_sync = false;
+            delta = state
+                .cache
+                .diff(inputs, &self.settings, ip, &mut kernel, in_sync);
         }
-        let payload = diff.restore_payload();
-        if !payload.is_empty() && !dry_run {
-            // On failure the model stays unset: the next sync reads the kernel again.
-            self.restore(family, &payload)?;
-            diff.apply_to(&mut kernel);
+        let changed = delta.changes();
+        let rules = delta.rule_count();
+        if changed > 0 {
+            report.push(&family_header(self.backend, family));
+            if dry_run {
+                let mut tee = Tee {
+                    pipe: None,
+                    report,
+                    size: &mut self.sent,
+                };
+                delta
+                    .write_payload(&mut tee)
+                    .map_err(|source| DataplaneError::Io {
+                        context: "writing the payload".into(),
+                        source,
+                    })?;
+            } else {
+                let restore = self.backend.binary(family, Tool::Restore);
+                let args = ["--noflush", "-w", LOCK_WAIT];
+                let sent = &mut self.sent;
+                let output = runner.run_with_input(&restore, &args, &mut |pipe| {
+                    let mut tee = Tee {
+                        pipe: Some(pipe),
+                        report: &mut *report,
+                        size: &mut *sent,
+                    };
+                    delta.write_payload(&mut tee)
+                })?;
+                // On failure the model stays unset: the next sync reads the kernel again.
+                if !output.success() {
+                    let mut err = output.failure(&format!("{restore} {}", args.join(" ")));
+                    if let DataplaneError::ToolFailed { stderr, .. } = &mut err
+                        && let Some(number) = failed_line_number(stderr)
+                    {
+                        let mut finder = LineFinder {
+                            want: number,
+                            line: 1,
+                            found: Vec::new(),
+                        };
+                        // Stops with an error once the line is complete.
+                        let _ = delta.write_payload(&mut finder);
+                        if number > 0 && !finder.found.is_empty() {
+                            let line = String::from_utf8_lossy(&finder.found).into_owned();
+                            stderr.push_str(&format!(" (the line: {line})"));
+                        }
+                    }
+                    return Err(err);
+                }
+                tracing::debug!(
+                    family = ?family,
+                    changed,
+                    "iptables-restore applied the changed chains"
+                );
+            }
         }
-        let changed = diff.changed();
+        if !dry_run {
+            state.cache.commit(delta, &mut kernel);
+            in_sync = true;
+            state.programmed = rules > 0;
+        }
         // Positions read now are stale by the next sync.
         kernel.filter.positions_fresh = false;
         kernel.nat.positions_fresh = false;
-        self.kernel[i] = Some(kernel);
-        Ok((payload, changed))
-    }
-
-    /// [`Dataplane::sync`] with the rules from `rendered`.
-    fn sync_rendered(
-        &mut self,
-        rendered: &mut RenderCache,
-        plan: &MergedPlan,
-        dry_run: bool,
-    ) -> Result<SyncReport, DataplaneError> {
-        let desired = rendered.update(plan, &self.settings);
-        let mut report = SyncReport {
-            rules: desired.iter().map(|(r, _)| r.rule_count()).sum(),
-            ..SyncReport::default()
-        };
-        for (family, (rules, revisions)) in FAMILIES.into_iter().zip(desired) {
-            let (payload, changed) = self.sync_family(family, rules, Some(revisions), dry_run)?;
-            if !payload.is_empty() {
-                report
-                    .payload
-                    .push_str(&family_header(self.backend, family));
-                report.payload.push_str(&payload);
-            }
-            report.changed += changed;
-            if !dry_run {
-                self.programmed[index(family)] = rules.rule_count() > 0;
-            }
-        }
-        let next = UdpPaths::from_plan(plan);
-        report.conntrack_deleted =
-            self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
-        if !dry_run {
-            self.udp = Some(next);
-        }
-        Ok(report)
+        state.kernel = Some(kernel);
+        state.in_sync = in_sync;
+        Ok((changed, rules))
     }
 
     /// Deletes the UDP conntrack entries the move to `next` made stale.
@@ -483,7 +809,7 @@ impl<R: Runner> IptablesDataplane<R> {
         plan: &MergedPlan,
         next: &UdpPaths,
         dry_run: bool,
-        payload: &mut String,
+        report: &mut ReportText,
     ) -> Result<usize, DataplaneError> {
         let flows: Vec<StaleFlows> = match &self.udp {
             Some(previous) => conntrack::stale_flows(previous, next),
@@ -499,7 +825,7 @@ impl<R: Runner> IptablesDataplane<R> {
         };
         let mut deleted = 0;
         for flow in &flows {
-            payload.push_str(&format!(
+            report.push(&format!(
                 "# {} {}\n",
                 conntrack::CONNTRACK,
                 flow.conntrack_args().join(" ")
@@ -527,38 +853,42 @@ impl<R: Runner> IptablesDataplane<R> {
     }
 }
 
-/// The payload line an `iptables-restore` error points at (`line N failed`, `Error
-/// occurred at line: N`).
-fn failed_line<'p>(stderr: &str, payload: &'p str) -> Option<&'p str> {
-    let rest = stderr.split("line").nth(1)?;
-    let rest = rest.trim_start_matches([':', ' ']);
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    let number: usize = digits.parse().ok()?;
-    payload.lines().nth(number.checked_sub(1)?)
-}
-
 fn family_header(backend: Backend, family: Family) -> String {
     format!("# {} --noflush\n", backend.binary(family, Tool::Restore))
 }
 
 impl<R: Runner> Dataplane for IptablesDataplane<R> {
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
-        // Taken out while syncing (the sync borrows `self` mutably); the cache depends
-        // only on the plans rendered, so it stays valid whatever the kernel says.
-        let mut rendered = std::mem::take(&mut self.rendered);
-        let result = self.sync_rendered(&mut rendered, plan, dry_run);
-        self.rendered = rendered;
-        result
+        let mut text = ReportText::new(if dry_run {
+            usize::MAX
+        } else {
+            REPORT_PAYLOAD_LIMIT
+        });
+        self.sent = PayloadSize::default();
+        let mut report = SyncReport::default();
+        for family in FAMILIES {
+            let inputs = FamilyInputs::of(plan, ip_family(family));
+            let (changed, rules) = self.sync_family(family, inputs, dry_run, &mut text)?;
+            report.changed += changed;
+            report.rules += rules;
+        }
+        let next = UdpPaths::from_plan(plan);
+        report.conntrack_deleted = self.clear_conntrack(plan, &next, dry_run, &mut text)?;
+        if !dry_run {
+            self.udp = Some(next);
+        }
+        report.payload = text.finish();
+        Ok(report)
     }
 
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
         for family in FAMILIES {
-            if !self.programmed[index(family)] {
+            if !self.families[index(family)].programmed {
                 continue;
             }
             for table in [TableName::Nat, TableName::Filter] {
                 if !self.canary_intact(family, table)? {
-                    self.kernel[index(family)] = None;
+                    self.families[index(family)].kernel = None;
                     return Ok(false);
                 }
             }
@@ -567,22 +897,23 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
-        let nothing = FamilyRules::default();
+        let mut text = ReportText::new(REPORT_PAYLOAD_LIMIT);
+        self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
         for family in FAMILIES {
             // Always from a fresh read: leftovers of an earlier run count too.
-            self.kernel[index(family)] = None;
-            let (payload, changed) = self.sync_family(family, &nothing, None, false)?;
-            if !payload.is_empty() {
-                report
-                    .payload
-                    .push_str(&family_header(self.backend, family));
-                report.payload.push_str(&payload);
-            }
+            self.families[index(family)].kernel = None;
+            let nothing = FamilyInputs {
+                entries: Vec::new(),
+                local_cidr: None,
+                node_addresses: Vec::new(),
+            };
+            let (changed, _) = self.sync_family(family, nothing, false, &mut text)?;
             report.changed += changed;
-            self.programmed[index(family)] = false;
+            self.families[index(family)].programmed = false;
         }
         self.udp = None;
+        report.payload = text.finish();
         Ok(report)
     }
 }

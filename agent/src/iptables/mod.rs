@@ -6,7 +6,9 @@
 //! legacy back ends), which chains already hold what the plan wants.
 
 pub mod apply;
+pub mod cache;
 pub mod conntrack;
+pub mod hash;
 pub mod kernel;
 pub mod names;
 pub mod render;

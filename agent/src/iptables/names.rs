@@ -34,48 +34,178 @@ pub fn is_owned(chain: &str) -> bool {
 
 const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
-fn hashed(prefix: &str, text: &str) -> String {
-    let mut hash = stable_hash(text.as_bytes());
-    let mut name = String::with_capacity(prefix.len() + 13);
-    name.push_str(prefix);
-    for _ in 0..13 {
-        name.push(char::from(ALPHABET[(hash & 31) as usize]));
-        hash >>= 5;
+/// Prefixes of the chain names that end in a hash, in a fixed order: a [`HashedName`]
+/// stores the index.
+const HASHED_PREFIXES: [&str; 5] = ["PP-SVC-", "PP-SVL-", "PP-EXT-", "PP-FW-", "PP-SEP-"];
+const SVC: u8 = 0;
+const SVL: u8 = 1;
+const EXT: u8 = 2;
+const FW: u8 = 3;
+const SEP: u8 = 4;
+
+/// Base32 characters of a hashed name.
+const HASH_CHARS: usize = 13;
+
+fn hashed(prefix: u8, text: &str) -> String {
+    HashedName {
+        prefix,
+        hash: stable_hash(text.as_bytes()),
     }
-    name
+    .to_string()
+}
+
+/// A chain name of the form `PREFIX` + 13 base32 characters of a 64-bit hash, held as
+/// the prefix's index and the hash: 16 bytes instead of a heap string, for the models
+/// that track hundreds of thousands of chains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HashedName {
+    prefix: u8,
+    hash: u64,
+}
+
+/// The text of a [`HashedName`], on the stack.
+#[derive(Debug, Clone, Copy)]
+pub struct NameText {
+    bytes: [u8; 20],
+    len: usize,
+}
+
+impl NameText {
+    /// The name.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever written into `bytes`.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+impl HashedName {
+    /// The name from its parts (see [`HashedName::parts`]).
+    #[must_use]
+    pub(crate) fn from_parts(prefix: u8, hash: u64) -> Self {
+        Self { prefix, hash }
+    }
+
+    /// The prefix's index and the hash.
+    #[must_use]
+    pub(crate) fn parts(self) -> (u8, u64) {
+        (self.prefix, self.hash)
+    }
+
+    /// The name when it has the form this module writes (and reads back the same).
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        let (prefix, rest) = HASHED_PREFIXES
+            .iter()
+            .zip(0u8..)
+            .find_map(|(p, i)| name.strip_prefix(p).map(|rest| (i, rest)))?;
+        if rest.len() != HASH_CHARS {
+            return None;
+        }
+        let mut hash = 0u64;
+        for (i, byte) in rest.bytes().enumerate() {
+            let value = match byte {
+                b'A'..=b'Z' => byte - b'A',
+                b'2'..=b'7' => byte - b'2' + 26,
+                _ => return None,
+            };
+            // The last character holds the top 4 bits only.
+            if i == HASH_CHARS - 1 && value >= 16 {
+                return None;
+            }
+            hash |= u64::from(value) << (5 * i);
+        }
+        Some(Self { prefix, hash })
+    }
+
+    /// The name's text.
+    #[must_use]
+    pub fn text(&self) -> NameText {
+        let mut out = NameText {
+            bytes: [0; 20],
+            len: 0,
+        };
+        let prefix = HASHED_PREFIXES
+            .get(usize::from(self.prefix))
+            .copied()
+            .unwrap_or("PP-");
+        out.bytes[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        out.len = prefix.len();
+        let mut hash = self.hash;
+        for _ in 0..HASH_CHARS {
+            out.bytes[out.len] = ALPHABET[(hash & 31) as usize];
+            out.len += 1;
+            hash >>= 5;
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for HashedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text().as_str())
+    }
+}
+
+/// Any chain name the agent owns: hashed names compactly, the others as text.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChainName {
+    /// `PP-SVC-…`, `PP-SEP-…` and the other per-service chains.
+    Hashed(HashedName),
+    /// Any other name (`PROXYPLAN-SERVICES`, names from other versions).
+    Other(Box<str>),
+}
+
+impl ChainName {
+    /// `name`, compactly when it is a hashed name.
+    #[must_use]
+    pub fn new(name: &str) -> Self {
+        HashedName::parse(name).map_or_else(|| Self::Other(name.into()), Self::Hashed)
+    }
+
+    /// Calls `f` with the name's text.
+    pub fn with_text<T>(&self, f: impl FnOnce(&str) -> T) -> T {
+        match self {
+            Self::Hashed(h) => f(h.text().as_str()),
+            Self::Other(name) => f(name),
+        }
+    }
+}
+
+impl std::fmt::Display for ChainName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.with_text(|text| f.write_str(text))
+    }
 }
 
 /// Cluster-policy chain of a service port: balances over `clusterEndpoints`.
 #[must_use]
 pub fn service(key: &str) -> String {
-    hashed("PP-SVC-", key)
+    hashed(SVC, key)
 }
 
 /// Local-policy chain of a service port: balances over `localEndpoints`.
 #[must_use]
 pub fn service_local(key: &str) -> String {
-    hashed("PP-SVL-", key)
+    hashed(SVL, key)
 }
 
 /// External-traffic chain of a service port: node ports, external and LB IPs.
 #[must_use]
 pub fn external(key: &str) -> String {
-    hashed("PP-EXT-", key)
+    hashed(EXT, key)
 }
 
 /// Load-balancer source-range chain of a service port.
 #[must_use]
 pub fn firewall(key: &str) -> String {
-    hashed("PP-FW-", key)
+    hashed(FW, key)
 }
 
 /// Endpoint chain: DNAT to one endpoint of one service port.
 #[must_use]
 pub fn endpoint(key: &str, endpoint: &Endpoint) -> String {
-    hashed(
-        "PP-SEP-",
-        &format!("{key}#{}#{}", endpoint.ip, endpoint.port),
-    )
+    hashed(SEP, &format!("{key}#{}#{}", endpoint.ip, endpoint.port))
 }
 
 #[cfg(test)]
@@ -114,5 +244,39 @@ mod tests {
             assert!(name.len() <= 28 && is_owned(name), "{name}");
         }
         assert!(!is_owned("KUBE-SERVICES"));
+    }
+
+    #[test]
+    fn hashed_names_read_back_as_written() {
+        let ep = Endpoint {
+            ip: "fd00::1".into(),
+            port: 53,
+        };
+        for i in 0..200 {
+            let key = format!("ns/svc-{i}:p/UDP/IPv6");
+            for name in [
+                service(&key),
+                service_local(&key),
+                external(&key),
+                firewall(&key),
+                endpoint(&key, &ep),
+            ] {
+                let parsed = HashedName::parse(&name).expect(&name);
+                assert_eq!(parsed.to_string(), name);
+                assert_eq!(ChainName::new(&name), ChainName::Hashed(parsed));
+            }
+        }
+        for other in [
+            SERVICES,
+            "PP-SVC-",
+            "PP-SVC-AAAAAAAAAAAA",
+            "PP-SVC-AAAAAAAAAAAAAA",
+            "PP-SVC-AAAAAAAAAAAAZ",
+            "PP-SVC-aAAAAAAAAAAAA",
+            "PP-XYZ-AAAAAAAAAAAAA",
+        ] {
+            assert_eq!(HashedName::parse(other), None, "{other}");
+            assert_eq!(ChainName::new(other).to_string(), other);
+        }
     }
 }

@@ -60,14 +60,18 @@ pub fn render(plan: &MergedPlan, settings: &RenderSettings) -> Ruleset {
 
 /// What one family's rules are rendered from: its entries and the node inputs of that
 /// family.
-struct FamilyInputs<'p> {
-    entries: Vec<&'p ServicePortPlan>,
-    local_cidr: Option<String>,
-    node_addresses: Vec<IpAddr>,
+#[derive(Debug)]
+pub(crate) struct FamilyInputs<'p> {
+    /// The family's entries, in plan order.
+    pub(crate) entries: Vec<&'p ServicePortPlan>,
+    /// The node's local-traffic CIDR of this family.
+    pub(crate) local_cidr: Option<String>,
+    /// The node's addresses of this family.
+    pub(crate) node_addresses: Vec<IpAddr>,
 }
 
 impl<'p> FamilyInputs<'p> {
-    fn of(plan: &'p MergedPlan, family: IpFamily) -> Self {
+    pub(crate) fn of(plan: &'p MergedPlan, family: IpFamily) -> Self {
         let v6 = family == IpFamily::IPv6;
         Self {
             entries: plan
@@ -102,7 +106,7 @@ fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily)
     if entries.is_empty() {
         return FamilyRules::default();
     }
-    let mut out = Builder::new(settings, family);
+    let mut out = Builder::new(settings, family, true);
     out.fixed_chains();
     for entry in entries {
         EntryRules {
@@ -116,21 +120,71 @@ fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily)
     out.finish()
 }
 
+/// The fixed chains and base jumps of a family that has service ports, before any entry.
+pub(crate) fn base_rules(settings: &RenderSettings, family: IpFamily) -> FamilyRules {
+    let mut out = Builder::new(settings, family, true);
+    out.fixed_chains();
+    out.finish()
+}
+
+/// What [`render`] appends to the fixed chains after every entry's rules, by table and
+/// chain.
+pub(crate) fn tail_rules(
+    settings: &RenderSettings,
+    family: IpFamily,
+) -> Vec<(super::TableName, &'static str, String)> {
+    let mut out = Builder::new(settings, family, true);
+    out.nodeport_entry();
+    out.nat
+        .chains
+        .remove(names::SERVICES)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|rule| (super::TableName::Nat, names::SERVICES, rule))
+        .collect()
+}
+
+/// The rules `entries` (of one family, in plan order) add to what [`render`] returns: the
+/// chains they own and their rules in the fixed chains. With `own` false, only the
+/// latter (much cheaper: no endpoint chains).
+pub(crate) fn render_entries(
+    entries: &[&ServicePortPlan],
+    inputs: &FamilyInputs<'_>,
+    settings: &RenderSettings,
+    family: IpFamily,
+    own: bool,
+) -> FamilyRules {
+    let mut out = Builder::new(settings, family, own);
+    for entry in entries {
+        EntryRules {
+            entry,
+            local_cidr: inputs.local_cidr.as_deref(),
+            node_addresses: &inputs.node_addresses,
+        }
+        .write(&mut out);
+    }
+    out.finish()
+}
+
 /// Accumulates the two tables of one family.
 struct Builder<'a> {
     settings: &'a RenderSettings,
     family: IpFamily,
     nat: TableRules,
     filter: TableRules,
+    /// Whether the chains entries own are rendered (otherwise only what entries add to
+    /// the fixed chains).
+    own: bool,
 }
 
 impl<'a> Builder<'a> {
-    fn new(settings: &'a RenderSettings, family: IpFamily) -> Self {
+    fn new(settings: &'a RenderSettings, family: IpFamily, own: bool) -> Self {
         Self {
             settings,
             family,
             nat: TableRules::default(),
             filter: TableRules::default(),
+            own,
         }
     }
 
@@ -286,13 +340,6 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn table_mut(&mut self, name: super::TableName) -> &mut TableRules {
-        match name {
-            super::TableName::Filter => &mut self.filter,
-            super::TableName::Nat => &mut self.nat,
-        }
-    }
-
     fn finish(self) -> FamilyRules {
         FamilyRules {
             filter: self.filter,
@@ -395,10 +442,19 @@ impl EntryRules<'_> {
             return;
         }
         let chain = self.chain_for(&e.internal);
+        if out.own {
+            self.internal_chain(out, &chain, endpoints);
+        }
+        out.nat(names::SERVICES, format!("{capture} -j {chain}"));
+    }
+
+    /// PP-SVC/PP-SVL for the cluster IP: masquerade marking, then balancing.
+    fn internal_chain(&self, out: &mut Builder<'_>, chain: &str, endpoints: &[Endpoint]) {
+        let e = self.entry;
         let vip = format!("-d {} {}", host(&e.cluster_ip), self.port_match(e.port));
         if e.masquerade.all {
             out.nat(
-                &chain,
+                chain,
                 format!(
                     "{} {vip} -j {}",
                     self.comment("cluster IP"),
@@ -409,7 +465,7 @@ impl EntryRules<'_> {
             && let Some(cidr) = self.local_cidr
         {
             out.nat(
-                &chain,
+                chain,
                 format!(
                     "{} ! -s {cidr} {vip} -j {}",
                     self.comment("cluster IP"),
@@ -417,8 +473,7 @@ impl EntryRules<'_> {
                 ),
             );
         }
-        self.balance(out, &chain, endpoints);
-        out.nat(names::SERVICES, format!("{capture} -j {chain}"));
+        self.balance(out, chain, endpoints);
     }
 
     fn external(&self, out: &mut Builder<'_>, external: &TrafficPlan) {
@@ -427,7 +482,7 @@ impl EntryRules<'_> {
         let endpoints = e.endpoints_for(external);
         let ext = names::external(self.key());
         let reject = when_empty(external.when_empty);
-        if has_any {
+        if has_any && out.own {
             self.external_chain(out, external, &ext);
         }
         let port = self.port_match(e.port);
@@ -448,7 +503,7 @@ impl EntryRules<'_> {
             .collect();
         let ranges = &e.load_balancer_source_ranges;
         let fw = names::firewall(self.key());
-        if has_any && !ranges.is_empty() && !vips.is_empty() {
+        if has_any && out.own && !ranges.is_empty() && !vips.is_empty() {
             self.firewall_chain(out, &fw, &ext, &vips);
         }
         for ip in &vips {
@@ -661,255 +716,5 @@ fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
             u128::from(n) & mask == u128::from(a) & mask
         }
         _ => false,
-    }
-}
-
-/// [`render`] kept up to date across syncs: each service port entry's rules are cached
-/// with the entry they came from, so a plan that differs from the previous one in a few
-/// entries costs those entries plus one pass over the shared chains
-/// (`PROXYPLAN-SERVICES`, `PROXYPLAN-NODEPORTS`, the filter chains), not the whole
-/// ruleset. Its output is always exactly what [`render`] returns for the same plan; chain
-/// revisions are kept alongside, recomputed only for chains that changed.
-#[derive(Debug, Default)]
-pub struct RenderCache {
-    families: [FamilyCache; 2],
-}
-
-/// One family's cached rendering.
-#[derive(Debug, Default)]
-struct FamilyCache {
-    /// What the cached rules were rendered with; a change drops the cache.
-    context: Option<(RenderSettings, Option<String>, Vec<IpAddr>)>,
-    /// The fixed chains and base jumps, before any entry.
-    base: FamilyRules,
-    /// Per entry key: the entry and its rules.
-    entries: std::collections::HashMap<String, CachedEntry>,
-    /// The assembled rules.
-    rules: FamilyRules,
-    /// Revision of every chain of `rules`.
-    revisions: ChainRevisions,
-}
-
-/// One entry's rules: the chains it owns (held in the assembled rules) and what it
-/// appends to the shared chains.
-#[derive(Debug)]
-struct CachedEntry {
-    entry: ServicePortPlan,
-    own: Vec<(super::TableName, String)>,
-    shared: Vec<(super::TableName, String, Vec<String>)>,
-}
-
-/// The revision of each chain, per table, as [`TableRules::revision`] computes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChainRevisions {
-    /// `filter`.
-    pub filter: std::collections::HashMap<String, String>,
-    /// `nat`.
-    pub nat: std::collections::HashMap<String, String>,
-}
-
-impl ChainRevisions {
-    /// The revisions of one table's chains.
-    #[must_use]
-    pub fn table(&self, name: super::TableName) -> &std::collections::HashMap<String, String> {
-        match name {
-            super::TableName::Filter => &self.filter,
-            super::TableName::Nat => &self.nat,
-        }
-    }
-
-    fn table_mut(
-        &mut self,
-        name: super::TableName,
-    ) -> &mut std::collections::HashMap<String, String> {
-        match name {
-            super::TableName::Filter => &mut self.filter,
-            super::TableName::Nat => &mut self.nat,
-        }
-    }
-
-    fn of(rules: &FamilyRules) -> Self {
-        let table = |t: &TableRules| {
-            t.chains
-                .iter()
-                .map(|(name, rules)| (name.clone(), TableRules::revision(rules)))
-                .collect()
-        };
-        Self {
-            filter: table(&rules.filter),
-            nat: table(&rules.nat),
-        }
-    }
-}
-
-fn table_mut(rules: &mut FamilyRules, name: super::TableName) -> &mut TableRules {
-    match name {
-        super::TableName::Filter => &mut rules.filter,
-        super::TableName::Nat => &mut rules.nat,
-    }
-}
-
-const TABLES: [super::TableName; 2] = [super::TableName::Filter, super::TableName::Nat];
-
-impl RenderCache {
-    /// Brings the cached rules to `plan` and returns them with their chain revisions,
-    /// per family (`[v4, v6]`). The rules equal `render(plan, settings)`.
-    pub fn update(
-        &mut self,
-        plan: &MergedPlan,
-        settings: &RenderSettings,
-    ) -> [(&FamilyRules, &ChainRevisions); 2] {
-        for (cache, family) in self
-            .families
-            .iter_mut()
-            .zip([IpFamily::IPv4, IpFamily::IPv6])
-        {
-            cache.update(plan, settings, family);
-        }
-        let [v4, v6] = &self.families;
-        [(&v4.rules, &v4.revisions), (&v6.rules, &v6.revisions)]
-    }
-
-    /// Forgets everything (the next update renders from scratch).
-    pub fn clear(&mut self) {
-        *self = Self::default();
-    }
-}
-
-impl FamilyCache {
-    fn update(&mut self, plan: &MergedPlan, settings: &RenderSettings, family: IpFamily) {
-        let FamilyInputs {
-            entries,
-            local_cidr,
-            node_addresses,
-        } = FamilyInputs::of(plan, family);
-        if entries.is_empty() {
-            *self = Self::default();
-            return;
-        }
-        // Entries sharing a key would share chains: render those plans whole.
-        if entries.windows(2).any(|w| w[0].key == w[1].key) {
-            *self = Self::default();
-            self.rules = render_family(plan, settings, family);
-            self.revisions = ChainRevisions::of(&self.rules);
-            return;
-        }
-        let context = (settings.clone(), local_cidr, node_addresses);
-        if self.context.as_ref() != Some(&context) {
-            *self = Self::default();
-            let mut base = Builder::new(settings, family);
-            base.fixed_chains();
-            self.base = base.finish();
-            self.rules = self.base.clone();
-            self.context = Some(context);
-        }
-        let Some((_, local_cidr, node_addresses)) = &self.context else {
-            return;
-        };
-        // Whether the shared chains must be assembled again: an entry's part of them
-        // changed, or entries came or went (which moves the others' parts).
-        let mut shared_changed = self.entries.is_empty();
-        let mut previous_shared = std::collections::HashMap::new();
-        // Entries gone or different: drop their chains.
-        let wanted: std::collections::HashMap<&str, &ServicePortPlan> =
-            entries.iter().map(|e| (e.key.as_str(), *e)).collect();
-        let stale: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(key, cached)| wanted.get(key.as_str()) != Some(&&cached.entry))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in stale {
-            if let Some(cached) = self.entries.remove(&key) {
-                for (table, chain) in &cached.own {
-                    table_mut(&mut self.rules, *table).chains.remove(chain);
-                    self.revisions.table_mut(*table).remove(chain);
-                }
-                previous_shared.insert(key, cached.shared);
-            }
-        }
-        // Entries new or different: render them on their own.
-        for entry in &entries {
-            if self.entries.contains_key(&entry.key) {
-                continue;
-            }
-            let mut out = Builder::new(settings, family);
-            EntryRules {
-                entry,
-                local_cidr: local_cidr.as_deref(),
-                node_addresses,
-            }
-            .write(&mut out);
-            let rendered = out.finish();
-            let mut cached = CachedEntry {
-                entry: (*entry).clone(),
-                own: Vec::new(),
-                shared: Vec::new(),
-            };
-            for (table, mut rules) in [
-                (super::TableName::Filter, rendered.filter),
-                (super::TableName::Nat, rendered.nat),
-            ] {
-                let base = self.base.table(table);
-                while let Some((chain, chain_rules)) = rules.chains.pop_first() {
-                    if base.chains.contains_key(&chain) {
-                        cached.shared.push((table, chain, chain_rules));
-                    } else {
-                        self.revisions
-                            .table_mut(table)
-                            .insert(chain.clone(), TableRules::revision(&chain_rules));
-                        table_mut(&mut self.rules, table)
-                            .chains
-                            .insert(chain.clone(), chain_rules);
-                        cached.own.push((table, chain));
-                    }
-                }
-            }
-            match previous_shared.remove(&entry.key) {
-                Some(previous) if previous == cached.shared => {}
-                _ => shared_changed = true,
-            }
-            self.entries.insert(entry.key.clone(), cached);
-        }
-        // Entries gone for good.
-        shared_changed |= !previous_shared.is_empty();
-        if !shared_changed {
-            return;
-        }
-        // The shared chains: the fixed rules, then each entry's, in plan order.
-        let mut shared = Builder::new(settings, family);
-        shared.filter = TableRules {
-            base_jumps: self.base.filter.base_jumps.clone(),
-            chains: self.base.filter.chains.clone(),
-        };
-        shared.nat = TableRules {
-            base_jumps: self.base.nat.base_jumps.clone(),
-            chains: self.base.nat.chains.clone(),
-        };
-        for entry in &entries {
-            let Some(cached) = self.entries.get(&entry.key) else {
-                continue;
-            };
-            for (table, chain, rules) in &cached.shared {
-                if let Some(target) = shared.table_mut(*table).chains.get_mut(chain) {
-                    target.extend(rules.iter().cloned());
-                }
-            }
-        }
-        shared.nodeport_entry();
-        let shared = shared.finish();
-        for table in TABLES {
-            let source = shared.table(table);
-            let target = table_mut(&mut self.rules, table);
-            target.base_jumps.clone_from(&source.base_jumps);
-            for (chain, rules) in &source.chains {
-                let revisions = self.revisions.table_mut(table);
-                let current = target.chains.get(chain);
-                if current != Some(rules) || !revisions.contains_key(chain) {
-                    revisions.insert(chain.clone(), TableRules::revision(rules));
-                    target.chains.insert(chain.clone(), rules.clone());
-                }
-            }
-        }
     }
 }
