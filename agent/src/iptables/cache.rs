@@ -18,6 +18,7 @@
 //! rule or two from every entry: they are re-hashed (and rewritten) only when an entry's
 //! part of them changed or entries came or went.
 
+use std::borrow::Cow;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::{self, Write};
 use std::net::IpAddr;
@@ -25,6 +26,7 @@ use std::net::IpAddr;
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
 use super::apply::{KernelChains, KernelFamily, apply_jumps, jump_changes};
+use super::conntrack::EntryChange;
 use super::hash::{ContentHasher, RevisionHasher, hash_entry, revision_text};
 use super::names::{ChainName, HashedName};
 use super::render::{FamilyInputs, RenderSettings, base_rules, render_entries, tail_rules};
@@ -329,6 +331,8 @@ struct Changed {
     group: usize,
     /// Index of the cached group with the same key.
     cached: Option<usize>,
+    /// Whether the entries differ from the cached ones (not only the kernel).
+    content_changed: bool,
     state: GroupState,
 }
 
@@ -457,6 +461,7 @@ impl FamilyCache {
                     delta.changed.push(Changed {
                         group: index,
                         cached,
+                        content_changed: false,
                         state,
                     });
                 }
@@ -491,6 +496,7 @@ impl FamilyCache {
             delta.changed.push(Changed {
                 group: index,
                 cached,
+                content_changed: old.is_none_or(|o| o.content != content),
                 state,
             });
         }
@@ -752,6 +758,32 @@ impl<'p> Delta<'p> {
             + self.remove[i].len()
             + self.jumps[i].0.len()
             + self.jumps[i].1.len()
+    }
+
+    /// The entries that changed, came or went since `cache` (which the delta was
+    /// computed from).
+    pub(crate) fn entry_changes(&self, cache: &FamilyCache) -> Vec<EntryChange<'p>> {
+        let mut out: Vec<EntryChange<'p>> = self
+            .changed
+            .iter()
+            .filter(|c| c.content_changed)
+            .map(|c| {
+                let (a, b) = self.groups[c.group];
+                let entries: Vec<&'p ServicePortPlan> = self.order[a..b].to_vec();
+                let first: &'p ServicePortPlan = self.order[a];
+                EntryChange {
+                    key: Cow::Borrowed(first.key.as_str()),
+                    entries,
+                }
+            })
+            .collect();
+        out.extend(self.gone.iter().filter_map(|i| {
+            cache.groups.get(*i).map(|(key, _)| EntryChange {
+                key: Cow::Owned(key.to_string()),
+                entries: Vec::new(),
+            })
+        }));
+        out
     }
 
     /// Chains written or removed plus jumps inserted or deleted.

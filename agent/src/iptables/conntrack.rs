@@ -15,10 +15,10 @@
 //! deleted: those to a served destination whose reply source is not one of its endpoints.
 //! Entries of unchanged services stay, so a restart does not disturb their flows.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, TrafficPolicy};
+use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan, TrafficPolicy};
 
 use super::Family;
 use super::kernel::{CommandOutput, Runner};
@@ -64,70 +64,105 @@ fn family_of(ip: IpAddr) -> Family {
 /// An endpoint address and port.
 pub type Backend = (IpAddr, u16);
 
-/// The UDP destinations a plan serves and the endpoints traffic to each may be DNATed to.
+/// The UDP destinations a plan serves and the endpoints traffic to each may be DNATed to,
+/// and which entries serve each destination: [`UdpPaths::update`] then follows a sync's
+/// changed entries without going over the whole plan.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UdpPaths {
-    paths: BTreeMap<Destination, BTreeSet<Backend>>,
+    paths: BTreeMap<Destination, Served>,
+    /// The destinations of each UDP entry key.
+    keys: HashMap<Box<str>, Vec<Destination>>,
+}
+
+/// A destination: how many entry keys serve it, and the endpoints behind it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Served {
+    keys: u32,
+    backends: BTreeSet<Backend>,
+}
+
+/// Entries of one key that changed, came or went in a sync: their new versions (none
+/// when the key is gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryChange<'p> {
+    /// The entries' key.
+    pub key: std::borrow::Cow<'p, str>,
+    /// The entries with that key now.
+    pub entries: Vec<&'p ServicePortPlan>,
+}
+
+/// The destinations one UDP entry serves and the endpoints behind each. External
+/// destinations of a Local-policy entry include the cluster endpoints, which pods and the
+/// node itself are short-circuited to.
+fn entry_paths(entry: &ServicePortPlan, out: &mut BTreeMap<Destination, BTreeSet<Backend>>) {
+    if entry.protocol != Protocol::UDP {
+        return;
+    }
+    let backends = |list: &[proxyplan_crds::Endpoint]| -> BTreeSet<Backend> {
+        list.iter()
+            .filter_map(|e| Some((e.ip.parse().ok()?, e.port)))
+            .collect()
+    };
+    let address = |ip: &str| {
+        ip.parse().ok().map(|ip| Destination::Address {
+            ip,
+            port: entry.port,
+        })
+    };
+    if let Some(dest) = address(&entry.cluster_ip) {
+        out.entry(dest)
+            .or_default()
+            .extend(backends(entry.endpoints_for(&entry.internal)));
+    }
+    let Some(external) = entry.external else {
+        return;
+    };
+    let mut behind = backends(entry.endpoints_for(&external));
+    if external.policy == TrafficPolicy::Local {
+        behind.extend(backends(&entry.cluster_endpoints));
+    }
+    let family = if entry.cluster_ip.contains(':') {
+        Family::V6
+    } else {
+        Family::V4
+    };
+    let vips = entry.external_ips.iter().map(String::as_str).chain(
+        entry
+            .load_balancer_ips
+            .iter()
+            .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
+            .map(|lb| lb.ip.as_str()),
+    );
+    let node_port = entry
+        .node_port
+        .map(|port| Destination::NodePort { family, port });
+    for dest in vips.filter_map(address).chain(node_port) {
+        out.entry(dest).or_default().extend(behind.iter().copied());
+    }
 }
 
 impl UdpPaths {
-    /// The UDP paths of `plan`. External destinations of a Local-policy entry include the
-    /// cluster endpoints, which pods and the node itself are short-circuited to.
+    /// The UDP paths of `plan`.
     #[must_use]
     pub fn from_plan(plan: &MergedPlan) -> Self {
-        let mut paths: BTreeMap<Destination, BTreeSet<Backend>> = BTreeMap::new();
-        for entry in plan
-            .service_ports
-            .iter()
-            .filter(|e| e.protocol == Protocol::UDP)
-        {
-            let backends = |list: &[proxyplan_crds::Endpoint]| -> BTreeSet<Backend> {
-                list.iter()
-                    .filter_map(|e| Some((e.ip.parse().ok()?, e.port)))
-                    .collect()
-            };
-            let address = |ip: &str| {
-                ip.parse().ok().map(|ip| Destination::Address {
-                    ip,
-                    port: entry.port,
-                })
-            };
-            if let Some(dest) = address(&entry.cluster_ip) {
-                paths
-                    .entry(dest)
-                    .or_default()
-                    .extend(backends(entry.endpoints_for(&entry.internal)));
-            }
-            let Some(external) = entry.external else {
-                continue;
-            };
-            let mut behind = backends(entry.endpoints_for(&external));
-            if external.policy == TrafficPolicy::Local {
-                behind.extend(backends(&entry.cluster_endpoints));
-            }
-            let family = if entry.cluster_ip.contains(':') {
-                Family::V6
-            } else {
-                Family::V4
-            };
-            let vips = entry.external_ips.iter().map(String::as_str).chain(
-                entry
-                    .load_balancer_ips
-                    .iter()
-                    .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-                    .map(|lb| lb.ip.as_str()),
-            );
-            let node_port = entry
-                .node_port
-                .map(|port| Destination::NodePort { family, port });
-            for dest in vips.filter_map(address).chain(node_port) {
-                paths
-                    .entry(dest)
-                    .or_default()
-                    .extend(behind.iter().copied());
+        let mut by_key: BTreeMap<&str, BTreeMap<Destination, BTreeSet<Backend>>> = BTreeMap::new();
+        for entry in &plan.service_ports {
+            if entry.protocol == Protocol::UDP {
+                entry_paths(entry, by_key.entry(entry.key.as_str()).or_default());
             }
         }
-        Self { paths }
+        let mut out = Self::default();
+        for (key, paths) in by_key {
+            let mut dests = Vec::with_capacity(paths.len());
+            for (dest, backends) in paths {
+                let served = out.paths.entry(dest).or_default();
+                served.keys += 1;
+                served.backends.extend(backends);
+                dests.push(dest);
+            }
+            out.keys.insert(key.into(), dests);
+        }
+        out
     }
 
     /// Whether the plan has a UDP destination of `family`.
@@ -137,7 +172,83 @@ impl UdpPaths {
     }
 
     fn backends(&self, dest: &Destination) -> Option<&BTreeSet<Backend>> {
-        self.paths.get(dest).filter(|b| !b.is_empty())
+        self.paths
+            .get(dest)
+            .map(|s| &s.backends)
+            .filter(|b| !b.is_empty())
+    }
+
+    /// The entries made stale by `changes` (what [`stale_flows`] finds between these paths
+    /// and the plan's), and, with `apply`, the paths brought to the plan. Only the
+    /// destinations of changed entries are looked at. `None` when a destination involved
+    /// is served by another entry key too (a plan sharing an address and port between
+    /// services): then nothing was changed and the caller compares whole plans.
+    pub fn update(&mut self, changes: &[EntryChange<'_>], apply: bool) -> Option<Vec<StaleFlows>> {
+        // Before and after, for every destination a changed entry served or serves.
+        let mut affected: BTreeMap<Destination, (Option<Served>, Served)> = BTreeMap::new();
+        for change in changes {
+            for dest in self.keys.get(change.key.as_ref()).into_iter().flatten() {
+                let before = self.paths.get(dest).cloned();
+                let (_, after) = affected
+                    .entry(*dest)
+                    .or_insert_with(|| (before.clone(), before.unwrap_or_default()));
+                if after.keys != 1 {
+                    return None;
+                }
+                *after = Served::default();
+            }
+        }
+        let mut new_keys: Vec<(&str, Vec<Destination>)> = Vec::with_capacity(changes.len());
+        for change in changes {
+            let mut paths = BTreeMap::new();
+            for entry in &change.entries {
+                entry_paths(entry, &mut paths);
+            }
+            let mut dests = Vec::with_capacity(paths.len());
+            for (dest, backends) in paths {
+                let before = self.paths.get(&dest).cloned();
+                let (_, after) = affected
+                    .entry(dest)
+                    .or_insert_with(|| (before.clone(), before.unwrap_or_default()));
+                if after.keys != 0 {
+                    return None;
+                }
+                after.keys = 1;
+                after.backends = backends;
+                dests.push(dest);
+            }
+            new_keys.push((change.key.as_ref(), dests));
+        }
+        let mut out = BTreeSet::new();
+        let empty = BTreeSet::new();
+        for (dest, (before, after)) in &affected {
+            let before = before.as_ref().map_or(&empty, |s| &s.backends);
+            if !after.backends.is_empty() && before.is_empty() {
+                out.insert(StaleFlows::To(*dest));
+            }
+            for backend in before {
+                if !after.backends.contains(backend) {
+                    out.insert(StaleFlows::Via(*dest, *backend));
+                }
+            }
+        }
+        if apply {
+            for (dest, (_, after)) in affected {
+                if after.keys == 0 {
+                    self.paths.remove(&dest);
+                } else {
+                    self.paths.insert(dest, after);
+                }
+            }
+            for (key, dests) in new_keys {
+                if dests.is_empty() {
+                    self.keys.remove(key);
+                } else {
+                    self.keys.insert(key.into(), dests);
+                }
+            }
+        }
+        Some(out.into_iter().collect())
     }
 }
 
@@ -210,9 +321,9 @@ pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
             out.insert(StaleFlows::To(*dest));
         }
     }
-    for (dest, backends) in &previous.paths {
-        let now = next.paths.get(dest);
-        for backend in backends {
+    for (dest, served) in &previous.paths {
+        let now = next.paths.get(dest).map(|s| &s.backends);
+        for backend in &served.backends {
             if !now.is_some_and(|b| b.contains(backend)) {
                 out.insert(StaleFlows::Via(*dest, *backend));
             }
@@ -461,6 +572,86 @@ mod tests {
         );
         // A removed service: all of its endpoints are gone.
         assert_eq!(stale_flows(&after, &plan(vec![])).len(), 3);
+    }
+
+    fn merged(entries: &[ServicePortPlan]) -> MergedPlan {
+        MergedPlan {
+            node_name: "n".into(),
+            revision: "r".into(),
+            shard_revisions: BTreeMap::new(),
+            addresses: vec![],
+            local_traffic: LocalTrafficDetection {
+                mode: LocalTrafficMode::ClusterCIDR,
+                cidrs: vec![],
+            },
+            service_ports: entries.to_vec(),
+        }
+    }
+
+    /// Moves from `before` to `after` with [`UdpPaths::update`], told about the keys
+    /// that differ; checks it against comparing whole plans.
+    fn step(paths: &mut UdpPaths, before: &[ServicePortPlan], after: &[ServicePortPlan]) {
+        let keys: BTreeSet<&str> = before
+            .iter()
+            .chain(after)
+            .map(|e| e.key.as_str())
+            .filter(|k| {
+                let of = |list: &[ServicePortPlan]| -> Vec<ServicePortPlan> {
+                    list.iter().filter(|e| e.key == *k).cloned().collect()
+                };
+                of(before) != of(after)
+            })
+            .collect();
+        let changes: Vec<EntryChange<'_>> = keys
+            .iter()
+            .map(|k| EntryChange {
+                key: (*k).into(),
+                entries: after.iter().filter(|e| e.key == *k).collect(),
+            })
+            .collect();
+        let full = stale_flows(paths, &UdpPaths::from_plan(&merged(after)));
+        let untouched = paths.clone();
+        assert_eq!(paths.update(&changes, false).as_ref(), Some(&full));
+        assert_eq!(*paths, untouched, "a dry update changes nothing");
+        assert_eq!(paths.update(&changes, true), Some(full));
+        assert_eq!(*paths, UdpPaths::from_plan(&merged(after)));
+    }
+
+    #[test]
+    fn updates_follow_changed_entries_like_whole_plans() {
+        let mut a = udp("10.96.0.10", &["10.244.1.5:5353", "10.244.1.6:5353"]);
+        let b = udp("10.96.0.11", &[]);
+        let mut plans = vec![vec![], vec![a.clone()], vec![a.clone(), b.clone()]];
+        a.cluster_endpoints.remove(0);
+        a.node_port = Some(30053);
+        a.external = Some(a.internal);
+        plans.push(vec![a.clone(), b.clone()]);
+        let mut b2 = b.clone();
+        b2.cluster_endpoints.push(ep("10.244.2.1:53"));
+        let mut tcp = udp("10.96.0.12", &["10.244.1.7:80"]);
+        tcp.protocol = Protocol::TCP;
+        plans.push(vec![a.clone(), b2, tcp]);
+        plans.push(vec![b.clone()]);
+        plans.push(vec![]);
+        let mut paths = UdpPaths::default();
+        let mut before: Vec<ServicePortPlan> = vec![];
+        for after in plans {
+            step(&mut paths, &before, &after);
+            before = after;
+        }
+
+        // Two services on one address and port: whole plans decide.
+        let mut twin = a.clone();
+        twin.key = "ns/twin:dns/UDP/IPv4".into();
+        let shared = vec![a.clone(), twin.clone()];
+        let mut paths = UdpPaths::from_plan(&merged(&shared));
+        twin.cluster_endpoints.clear();
+        let change = EntryChange {
+            key: twin.key.as_str().into(),
+            entries: vec![&twin],
+        };
+        assert_eq!(paths.update(&[change], true), None);
+        assert_eq!(paths, UdpPaths::from_plan(&merged(&shared)));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use proxyplan_crds::{IpFamily, MergedPlan};
 
 use super::apply::{KernelFamily, KernelTable, SaveParser};
 use super::cache::FamilyCache;
-use super::conntrack::{self, StaleFlows, UdpPaths};
+use super::conntrack::{self, EntryChange, StaleFlows, UdpPaths};
 use super::render::FamilyInputs;
 use super::{Family, RenderSettings, TableName, names};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
@@ -708,14 +708,14 @@ impl<R: Runner> IptablesDataplane<R> {
     }
 
     /// Brings one family to `inputs` (no entries: nothing); returns the chains and jumps
-    /// changed and the rules the family then has.
-    fn sync_family(
+    /// changed, the rules the family then has, and the entries that changed.
+    fn sync_family<'p>(
         &mut self,
         family: Family,
-        inputs: FamilyInputs<'_>,
+        inputs: FamilyInputs<'p>,
         dry_run: bool,
         report: &mut ReportText,
-    ) -> Result<(usize, usize), DataplaneError> {
+    ) -> Result<(usize, usize, Vec<EntryChange<'p>>), DataplaneError> {
         let wanted = !inputs.entries.is_empty();
         let ip = ip_family(family);
         let runner: &dyn Runner = &self.runner;
@@ -737,6 +737,7 @@ impl<R: Runner> IptablesDataplane<R> {
         }
         let changed = delta.changes();
         let rules = delta.rule_count();
+        let entries = delta.entry_changes(&state.cache);
         if changed > 0 {
             report.push(&family_header(self.backend, family));
             if dry_run {
@@ -800,26 +801,39 @@ impl<R: Runner> IptablesDataplane<R> {
         kernel.nat.positions_fresh = false;
         state.kernel = Some(kernel);
         state.in_sync = in_sync;
-        Ok((changed, rules))
+        Ok((changed, rules, entries))
     }
 
-    /// Deletes the UDP conntrack entries the move to `next` made stale.
+    /// Deletes the UDP conntrack entries made stale by the entries that changed (all of
+    /// them on the first sync), and moves the UDP paths to `plan`.
     fn clear_conntrack(
-        &self,
+        &mut self,
         plan: &MergedPlan,
-        next: &UdpPaths,
+        changes: &[EntryChange<'_>],
         dry_run: bool,
         report: &mut ReportText,
     ) -> Result<usize, DataplaneError> {
-        let flows: Vec<StaleFlows> = match &self.udp {
-            Some(previous) => conntrack::stale_flows(previous, next),
+        let mut next = None;
+        let flows: Vec<StaleFlows> = match &mut self.udp {
+            Some(previous) => match previous.update(changes, false) {
+                Some(flows) => flows,
+                // A destination shared between entries: compare whole plans.
+                None => {
+                    let paths = UdpPaths::from_plan(plan);
+                    let flows = conntrack::stale_flows(previous, &paths);
+                    next = Some(paths);
+                    flows
+                }
+            },
             None if dry_run => Vec::new(),
             None => {
+                let paths = UdpPaths::from_plan(plan);
                 let mut flows = Vec::new();
-                for family in FAMILIES.into_iter().filter(|f| next.has_family(*f)) {
+                for family in FAMILIES.into_iter().filter(|f| paths.has_family(*f)) {
                     let listed = conntrack::list_udp(&self.runner, family)?;
-                    flows.extend(conntrack::stale_in_table(&listed, next, &plan.addresses));
+                    flows.extend(conntrack::stale_in_table(&listed, &paths, &plan.addresses));
                 }
+                next = Some(paths);
                 flows
             }
         };
@@ -832,6 +846,16 @@ impl<R: Runner> IptablesDataplane<R> {
             ));
             if !dry_run {
                 deleted += conntrack::delete(&self.runner, flow)?;
+            }
+        }
+        // Only once deleted: a failure leaves the paths as they were, to try again.
+        if !dry_run {
+            match (next, &mut self.udp) {
+                (Some(paths), _) => self.udp = Some(paths),
+                (None, Some(paths)) => {
+                    paths.update(changes, true);
+                }
+                (None, None) => {}
             }
         }
         Ok(deleted)
@@ -866,17 +890,15 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         });
         self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
+        let mut changes = Vec::new();
         for family in FAMILIES {
             let inputs = FamilyInputs::of(plan, ip_family(family));
-            let (changed, rules) = self.sync_family(family, inputs, dry_run, &mut text)?;
+            let (changed, rules, entries) = self.sync_family(family, inputs, dry_run, &mut text)?;
             report.changed += changed;
             report.rules += rules;
+            changes.extend(entries);
         }
-        let next = UdpPaths::from_plan(plan);
-        report.conntrack_deleted = self.clear_conntrack(plan, &next, dry_run, &mut text)?;
-        if !dry_run {
-            self.udp = Some(next);
-        }
+        report.conntrack_deleted = self.clear_conntrack(plan, &changes, dry_run, &mut text)?;
         report.payload = text.finish();
         Ok(report)
     }
@@ -908,7 +930,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 local_cidr: None,
                 node_addresses: Vec::new(),
             };
-            let (changed, _) = self.sync_family(family, nothing, false, &mut text)?;
+            let (changed, _, _) = self.sync_family(family, nothing, false, &mut text)?;
             report.changed += changed;
             self.families[index(family)].programmed = false;
         }
