@@ -141,6 +141,30 @@ impl HashedName {
     }
 }
 
+/// Rank of each prefix of [`HASHED_PREFIXES`] in text order (`PP-EXT-` < `PP-FW-` <
+/// `PP-SEP-` < `PP-SVC-` < `PP-SVL-`; none is a prefix of another).
+const PREFIX_TEXT_RANK: [u8; 5] = [3, 4, 0, 1, 2];
+
+impl HashedName {
+    /// A key that orders hashed names as their text does: the prefix's rank, then the
+    /// base32 characters in their ASCII order (digits before letters).
+    fn text_key(self) -> (u8, u128) {
+        let rank = PREFIX_TEXT_RANK
+            .get(usize::from(self.prefix))
+            .copied()
+            .unwrap_or(u8::MAX);
+        let mut key = 0u128;
+        let mut hash = self.hash;
+        for _ in 0..HASH_CHARS {
+            let value = (hash & 31) as u8;
+            let ascii_rank = if value >= 26 { value - 26 } else { value + 6 };
+            key = (key << 5) | u128::from(ascii_rank);
+            hash >>= 5;
+        }
+        (rank, key)
+    }
+}
+
 impl std::fmt::Display for HashedName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.text().as_str())
@@ -161,6 +185,15 @@ impl ChainName {
     #[must_use]
     pub fn new(name: &str) -> Self {
         HashedName::parse(name).map_or_else(|| Self::Other(name.into()), Self::Hashed)
+    }
+
+    /// Compares the names' texts (byte order), without writing hashed names out.
+    #[must_use]
+    pub fn cmp_text(&self, other: &Self) -> std::cmp::Ordering {
+        match (self, other) {
+            (Self::Hashed(a), Self::Hashed(b)) => a.text_key().cmp(&b.text_key()),
+            _ => self.with_text(|a| other.with_text(|b| a.cmp(b))),
+        }
     }
 
     /// Calls `f` with the name's text.
@@ -266,6 +299,25 @@ mod tests {
                 assert_eq!(ChainName::new(&name), ChainName::Hashed(parsed));
             }
         }
+        let mut names: Vec<ChainName> = (0..300)
+            .flat_map(|i| {
+                let key = format!("ns/svc-{i}:p/TCP/IPv4");
+                [
+                    service(&key),
+                    service_local(&key),
+                    external(&key),
+                    firewall(&key),
+                    endpoint(&key, &ep),
+                ]
+            })
+            .chain([SERVICES.to_owned(), "PP-A".to_owned(), "PP-Z".to_owned()])
+            .map(|n| ChainName::new(&n))
+            .collect();
+        names.sort_by(ChainName::cmp_text);
+        let texts: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let mut sorted = texts.clone();
+        sorted.sort();
+        assert_eq!(texts, sorted, "cmp_text orders like the text");
         for other in [
             SERVICES,
             "PP-SVC-",
