@@ -148,7 +148,7 @@ const PREFIX_TEXT_RANK: [u8; 5] = [3, 4, 0, 1, 2];
 impl HashedName {
     /// A key that orders hashed names as their text does: the prefix's rank, then the
     /// base32 characters in their ASCII order (digits before letters).
-    fn text_key(self) -> (u8, u128) {
+    pub(crate) fn text_key(self) -> (u8, u128) {
         let rank = PREFIX_TEXT_RANK
             .get(usize::from(self.prefix))
             .copied()
