@@ -16,7 +16,7 @@ use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
 use proxyplan_agent::iptables::kernel::fake::FakeKernel;
 use proxyplan_agent::iptables::{BackendChoice, CommandOutput, Runner};
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::ipset::{self, Sets};
+use proxyplan_agent::ipvs::ipset::{self, SetEntry, Sets};
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::ipvs::render::{IpvsSettings, VirtualServerKey, render};
 use proxyplan_agent::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
@@ -65,7 +65,7 @@ impl Tools {
             .lock()
             .unwrap()
             .get(name)
-            .map_or_else(Vec::new, |s| s.entries.iter().cloned().collect())
+            .map_or_else(Vec::new, |s| s.entries.iter().map(ToString::to_string).collect())
     }
 }
 
@@ -108,13 +108,14 @@ impl Runner for Tools {
                             }
                         }
                         ["add", name, entry] => {
-                            sets.get_mut(*name)
-                                .unwrap()
-                                .entries
-                                .insert((*entry).to_owned());
+                            let set = sets.get_mut(*name).unwrap();
+                            let entry = SetEntry::parse(set.spec.kind, entry).unwrap();
+                            set.entries.insert(entry);
                         }
                         ["del", name, entry] => {
-                            sets.get_mut(*name).unwrap().entries.remove(*entry);
+                            let set = sets.get_mut(*name).unwrap();
+                            let entry = SetEntry::parse(set.spec.kind, entry).unwrap();
+                            set.entries.remove(&entry);
                         }
                         ["destroy", name] => {
                             sets.remove(*name);
@@ -207,9 +208,13 @@ fn a_plan_becomes_vips_virtual_servers_and_set_entries() {
     assert!(
         state.sets["PROXYPLAN-NP-LOCAL-TCP"]
             .entries
-            .contains("30081")
+            .contains(&SetEntry::Port(30081))
     );
-    assert!(state.sets["PROXYPLAN-NP-TCP"].entries.contains("30080"));
+    assert!(
+        state.sets["PROXYPLAN-NP-TCP"]
+            .entries
+            .contains(&SetEntry::Port(30080))
+    );
     // The cluster IP of the Local service still balances over every endpoint.
     assert_eq!(
         state.services[&key(IPPROTO_TCP, "10.96.0.30", 80)].real_servers,
@@ -226,7 +231,13 @@ fn a_plan_becomes_vips_virtual_servers_and_set_entries() {
     );
     // Source ranges: the VIP is firewalled, each range allowed, and the node (inside
     // 10.10.0.0/16) may reach its own VIP.
-    let e = |name: &str| -> Vec<String> { state.sets[name].entries.iter().cloned().collect() };
+    let e = |name: &str| -> Vec<String> {
+        state.sets[name]
+            .entries
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
     assert_eq!(e("PROXYPLAN-LB-FW"), ["203.0.113.7,tcp:443"]);
     assert_eq!(
         e("PROXYPLAN-LB-SRC-CIDR"),

@@ -6,6 +6,10 @@
 //! `PROXYPLAN-*` (IPv4, and the family-less port bitmaps) or `PROXYPLAN6-*` (IPv6).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Name prefix of the agent's IPv4 (and bitmap) sets.
 pub const PREFIX_V4: &str = "PROXYPLAN-";
@@ -82,13 +86,108 @@ impl SetSpec {
     }
 }
 
-/// A set with its entries, spelled as `ipset save` prints them.
+/// One set entry, typed: no heap, 40 bytes. `protocol` is an `IPPROTO_*` number.
+/// [`fmt::Display`] spells it as `ipset save` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetEntry {
+    /// `bitmap:port`: `30080`.
+    Port(u16),
+    /// `hash:ip`: `192.168.1.5`.
+    Ip(IpAddr),
+    /// `hash:ip,port`: `10.96.0.10,tcp:80`.
+    IpPort(IpAddr, u8, u16),
+    /// `hash:ip,port,ip`: `10.244.1.2,tcp:8080,10.244.1.2`.
+    IpPortIp(IpAddr, u8, u16, IpAddr),
+    /// `hash:ip,port,net`: `203.0.113.7,tcp:80,10.0.0.0/8` (hosts without `/32`).
+    IpPortNet(IpAddr, u8, u16, IpAddr, u8),
+}
+
+fn protocol_text(protocol: u8) -> &'static str {
+    match u16::from(protocol) {
+        IPPROTO_TCP => "tcp",
+        IPPROTO_UDP => "udp",
+        IPPROTO_SCTP => "sctp",
+        _ => "unknown",
+    }
+}
+
+fn parse_protocol(text: &str) -> Option<u8> {
+    let number = match text {
+        "tcp" => IPPROTO_TCP,
+        "udp" => IPPROTO_UDP,
+        "sctp" => IPPROTO_SCTP,
+        _ => return None,
+    };
+    u8::try_from(number).ok()
+}
+
+/// `ipset` spells a host network without its prefix length.
+fn host_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+impl fmt::Display for SetEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Port(port) => write!(f, "{port}"),
+            Self::Ip(ip) => write!(f, "{ip}"),
+            Self::IpPort(ip, p, port) => write!(f, "{ip},{}:{port}", protocol_text(p)),
+            Self::IpPortIp(ip, p, port, ip2) => {
+                write!(f, "{ip},{}:{port},{ip2}", protocol_text(p))
+            }
+            Self::IpPortNet(ip, p, port, net, len) if len == host_prefix(net) => {
+                write!(f, "{ip},{}:{port},{net}", protocol_text(p))
+            }
+            Self::IpPortNet(ip, p, port, net, len) => {
+                write!(f, "{ip},{}:{port},{net}/{len}", protocol_text(p))
+            }
+        }
+    }
+}
+
+impl SetEntry {
+    /// Parses an entry of a set of type `kind` as `ipset save` prints it.
+    #[must_use]
+    pub fn parse(kind: SetType, text: &str) -> Option<Self> {
+        if kind == SetType::BitmapPort {
+            return text.parse().ok().map(Self::Port);
+        }
+        if kind == SetType::HashIp {
+            return text.parse().ok().map(Self::Ip);
+        }
+        let mut parts = text.splitn(3, ',');
+        let ip: IpAddr = parts.next()?.parse().ok()?;
+        let (protocol, port) = parts.next()?.split_once(':')?;
+        let protocol = parse_protocol(protocol)?;
+        let port: u16 = port.parse().ok()?;
+        let third = parts.next();
+        match (kind, third) {
+            (SetType::HashIpPort, None) => Some(Self::IpPort(ip, protocol, port)),
+            (SetType::HashIpPortIp, Some(ip2)) => {
+                Some(Self::IpPortIp(ip, protocol, port, ip2.parse().ok()?))
+            }
+            (SetType::HashIpPortNet, Some(net)) => {
+                let (net, len) = match net.split_once('/') {
+                    Some((net, len)) => (net.parse::<IpAddr>().ok()?, len.parse().ok()?),
+                    None => {
+                        let net: IpAddr = net.parse().ok()?;
+                        (net, host_prefix(net))
+                    }
+                };
+                (len <= host_prefix(net)).then_some(Self::IpPortNet(ip, protocol, port, net, len))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A set with its entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpSet {
     /// Type and family.
     pub spec: SetSpec,
-    /// Entries in `ipset save` form (`10.96.0.10,tcp:80`; hosts without `/32`).
-    pub entries: BTreeSet<String>,
+    /// The entries.
+    pub entries: BTreeSet<SetEntry>,
 }
 
 impl IpSet {
@@ -124,8 +223,10 @@ pub fn parse_save(text: &str) -> Sets {
                 sets.insert(name.to_owned(), IpSet::new(kind, ipv6));
             }
             (Some("add"), Some(name), Some(entry)) => {
-                if let Some(set) = sets.get_mut(name) {
-                    set.entries.insert(entry.to_owned());
+                if let Some(set) = sets.get_mut(name)
+                    && let Some(entry) = SetEntry::parse(set.spec.kind, entry)
+                {
+                    set.entries.insert(entry);
                 }
             }
             _ => {}
@@ -236,12 +337,49 @@ create PROXYPLAN-OLD hash:ip family inet hashsize 1024 maxelem 65536
     }
 
     #[test]
+    fn entries_read_and_print_as_ipset_save_spells_them() {
+        let cases = [
+            (SetType::BitmapPort, "30080"),
+            (SetType::HashIp, "192.168.1.5"),
+            (SetType::HashIp, "fd00::5"),
+            (SetType::HashIpPort, "10.96.0.10,tcp:80"),
+            (SetType::HashIpPort, "fd00::a,udp:53"),
+            (SetType::HashIpPort, "10.96.0.10,sctp:9"),
+            (SetType::HashIpPortIp, "10.244.1.2,tcp:8080,10.244.1.2"),
+            (SetType::HashIpPortNet, "203.0.113.7,tcp:80,10.0.0.0/8"),
+            (SetType::HashIpPortNet, "203.0.113.7,tcp:80,10.1.2.3"),
+            (SetType::HashIpPortNet, "fd00::1,tcp:80,fd01::5"),
+            (SetType::HashIpPortNet, "fd00::1,tcp:80,fd01::/64"),
+        ];
+        for (kind, text) in cases {
+            let entry = SetEntry::parse(kind, text).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(entry.to_string(), text);
+        }
+        for (kind, text) in [
+            (SetType::HashIpPort, "10.96.0.10,tcp:80,10.0.0.1"),
+            (SetType::HashIpPort, "10.96.0.10,icmp:80"),
+            (SetType::HashIpPortNet, "203.0.113.7,tcp:80,10.0.0.0/33"),
+            (SetType::BitmapPort, "70000"),
+            (SetType::HashIpPortIp, "10.244.1.2,tcp:8080"),
+        ] {
+            assert_eq!(SetEntry::parse(kind, text), None, "{text}");
+        }
+        assert!(std::mem::size_of::<SetEntry>() <= 40);
+    }
+
+    #[test]
     fn changes_entries_in_place_and_destroys_after_the_rules() {
         let kernel = parse_save(SAVE);
         let mut desired = Sets::new();
         let mut cluster = IpSet::new(SetType::HashIpPort, false);
-        cluster.entries.insert("10.96.0.10,tcp:80".into());
-        cluster.entries.insert("10.96.0.12,tcp:8080".into());
+        let tcp = u8::try_from(IPPROTO_TCP).unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        cluster
+            .entries
+            .insert(SetEntry::IpPort(ip("10.96.0.10"), tcp, 80));
+        cluster
+            .entries
+            .insert(SetEntry::IpPort(ip("10.96.0.12"), tcp, 8080));
         desired.insert("PROXYPLAN-CLUSTER-IP".into(), cluster);
         desired.insert(
             "PROXYPLAN-NP-TCP".into(),

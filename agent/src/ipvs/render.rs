@@ -19,7 +19,7 @@ use proxyplan_crds::{
     EmptyAction, Endpoint, IpFamily, LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan,
 };
 
-use super::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetType, Sets};
+use super::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetEntry, SetType, Sets};
 use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use crate::iptables::{BaseJump, FamilyRules, Ruleset, TableRules, names};
 use crate::run::Cidr;
@@ -265,16 +265,13 @@ fn real_servers(endpoints: &[Endpoint]) -> Vec<RealServer> {
     out
 }
 
-fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
-    cidr.parse::<Cidr>().is_ok_and(|c| c.contains(ip))
-}
-
-/// `ipset save` spelling of a network: hosts without their prefix length.
-fn net_entry(cidr: &str) -> String {
-    cidr.strip_suffix("/32")
-        .or_else(|| cidr.strip_suffix("/128"))
-        .unwrap_or(cidr)
-        .to_owned()
+/// The `IPPROTO_*` number of a plan protocol, as set entries hold it.
+fn proto_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::TCP => 6,
+        Protocol::UDP => 17,
+        Protocol::SCTP => 132,
+    }
 }
 
 impl<'a> FamilyState<'a> {
@@ -307,7 +304,7 @@ impl<'a> FamilyState<'a> {
         let mut node_ip_set = hash(SetType::HashIp);
         node_ip_set
             .entries
-            .extend(node_ips.iter().map(ToString::to_string));
+            .extend(node_ips.iter().map(|ip| SetEntry::Ip(*ip)));
         sets.insert(set_name(family, role::NODE_IP), node_ip_set);
         sets.insert(
             set_name(family, role::HC_NODE_PORT),
@@ -327,7 +324,7 @@ impl<'a> FamilyState<'a> {
         }
     }
 
-    fn add(&mut self, role: &str, entry: String) {
+    fn add(&mut self, role: &str, entry: SetEntry) {
         if let Some(set) = self.sets.get_mut(&set_name(self.family, role)) {
             set.entries.insert(entry);
         }
@@ -335,7 +332,7 @@ impl<'a> FamilyState<'a> {
 
     fn add_port(&mut self, what: &str, p: Protocol, port: u16) {
         if let Some(set) = self.sets.get_mut(&port_set(self.family, what, p)) {
-            set.entries.insert(port.to_string());
+            set.entries.insert(SetEntry::Port(port));
         }
     }
 
@@ -355,30 +352,27 @@ impl<'a> FamilyState<'a> {
     }
 
     fn entry(&mut self, e: &ServicePortPlan, node_addresses: &[IpAddr]) {
-        let p = proto(e.protocol);
-        let ip_port = |ip: &str| format!("{ip},{p}:{}", e.port);
+        let p = proto_number(e.protocol);
+        let ip_port = |ip: IpAddr| SetEntry::IpPort(ip, p, e.port);
         // Internal traffic: the cluster IP.
         if let Ok(cluster_ip) = e.cluster_ip.parse::<IpAddr>() {
             let internal = real_servers(e.endpoints_for(&e.internal));
             self.addresses.insert(cluster_ip);
             if e.masquerade.all {
-                self.add(role::CLUSTER_IP_ALL, ip_port(&e.cluster_ip));
+                self.add(role::CLUSTER_IP_ALL, ip_port(cluster_ip));
             } else if e.masquerade.off_cluster_to_cluster_ip {
-                self.add(role::CLUSTER_IP, ip_port(&e.cluster_ip));
+                self.add(role::CLUSTER_IP, ip_port(cluster_ip));
             }
             if internal.is_empty() && e.internal.when_empty == EmptyAction::Drop {
-                self.add(role::DROP, ip_port(&e.cluster_ip));
+                self.add(role::DROP, ip_port(cluster_ip));
             }
             self.server(e, cluster_ip, e.port, &internal);
         }
         if e.masquerade.hairpin {
-            let mut all: Vec<&Endpoint> = e.cluster_endpoints.iter().collect();
-            all.extend(&e.local_endpoints);
-            for ep in all {
-                self.add(
-                    role::LOOP_BACK,
-                    format!("{},{p}:{},{}", ep.ip, ep.port, ep.ip),
-                );
+            for ep in e.cluster_endpoints.iter().chain(&e.local_endpoints) {
+                if let Ok(ip) = ep.ip.parse::<IpAddr>() {
+                    self.add(role::LOOP_BACK, SetEntry::IpPortIp(ip, p, ep.port, ip));
+                }
             }
         }
         if let Some(health) = e.health_check_node_port
@@ -386,7 +380,7 @@ impl<'a> FamilyState<'a> {
                 .sets
                 .get_mut(&set_name(self.family, role::HC_NODE_PORT))
         {
-            set.entries.insert(health.to_string());
+            set.entries.insert(SetEntry::Port(health));
         }
         let Some(external) = e.external else {
             return;
@@ -404,7 +398,7 @@ impl<'a> FamilyState<'a> {
                 continue;
             };
             self.addresses.insert(addr);
-            self.external_address(e, vip, drop);
+            self.external_address(e, addr, drop);
             self.server(e, addr, e.port, &rs);
         }
         self.source_ranges(e, node_addresses);
@@ -435,13 +429,13 @@ impl<'a> FamilyState<'a> {
         }
     }
 
-    fn external_address(&mut self, e: &ServicePortPlan, vip: &str, drop: bool) {
-        let entry = format!("{vip},{}:{}", proto(e.protocol), e.port);
+    fn external_address(&mut self, e: &ServicePortPlan, vip: IpAddr, drop: bool) {
+        let entry = SetEntry::IpPort(vip, proto_number(e.protocol), e.port);
         if e.masquerade.external {
-            self.add(role::EXTERNAL, entry.clone());
+            self.add(role::EXTERNAL, entry);
         }
         if e.masquerade.local_host_to_external {
-            self.add(role::EXTERNAL_LOCAL, entry.clone());
+            self.add(role::EXTERNAL_LOCAL, entry);
         }
         if drop {
             self.add(role::DROP, entry);
@@ -452,29 +446,35 @@ impl<'a> FamilyState<'a> {
     /// LB-SRC-CIDR, and the IP itself in LB-SRC-IP when a range covers the node (the node
     /// reaching its own VIP uses the VIP as source).
     fn source_ranges(&mut self, e: &ServicePortPlan, node_addresses: &[IpAddr]) {
-        let ranges = &e.load_balancer_source_ranges;
+        let ranges: Vec<Cidr> = e
+            .load_balancer_source_ranges
+            .iter()
+            .filter_map(|r| r.parse::<Cidr>().ok())
+            .collect();
         if ranges.is_empty() {
             return;
         }
         let v6 = self.family == IpFamily::IPv6;
-        let p = proto(e.protocol);
+        let p = proto_number(e.protocol);
         let covers_node = ranges
             .iter()
-            .any(|r| node_addresses.iter().any(|a| cidr_contains(r, *a)));
-        let lb_ips: Vec<String> = e
+            .any(|r| node_addresses.iter().any(|a| r.contains(*a)));
+        let lb_ips: Vec<IpAddr> = e
             .load_balancer_ips
             .iter()
             .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-            .map(|lb| lb.ip.clone())
+            .filter_map(|lb| lb.ip.parse().ok())
             .collect();
         for ip in lb_ips {
-            let vip = format!("{ip},{p}:{}", e.port);
-            self.add(role::LB_FW, vip.clone());
-            for range in ranges.iter().filter(|r| r.contains(':') == v6) {
-                self.add(role::LB_SRC_CIDR, format!("{vip},{}", net_entry(range)));
+            self.add(role::LB_FW, SetEntry::IpPort(ip, p, e.port));
+            for range in ranges.iter().filter(|r| r.addr().is_ipv6() == v6) {
+                self.add(
+                    role::LB_SRC_CIDR,
+                    SetEntry::IpPortNet(ip, p, e.port, range.addr(), range.prefix_len()),
+                );
             }
             if covers_node {
-                self.add(role::LB_SRC_IP, format!("{vip},{ip}"));
+                self.add(role::LB_SRC_IP, SetEntry::IpPortIp(ip, p, e.port, ip));
             }
         }
     }

@@ -27,6 +27,31 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// The network address with the host bits cleared (`10.1.2.3/8` → `10.0.0.0`).
+    #[must_use]
+    pub fn addr(&self) -> IpAddr {
+        match self.network {
+            IpAddr::V4(net) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(net) & mask).into())
+            }
+            IpAddr::V6(net) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(net) & mask).into())
+            }
+        }
+    }
+
+    /// The prefix length.
+    #[must_use]
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix
+    }
+
     /// Whether `ip` is inside.
     #[must_use]
     pub fn contains(&self, ip: IpAddr) -> bool {
