@@ -19,7 +19,7 @@ use proxyplan_crds::{
     EmptyAction, Endpoint, IpFamily, LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan,
 };
 
-use super::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetEntry, SetType, Sets};
+use super::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetEntry, SetSpec, SetType, Sets};
 use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use crate::iptables::{BaseJump, FamilyRules, Ruleset, TableRules, names};
 use crate::run::Cidr;
@@ -155,6 +155,15 @@ pub fn ipproto(p: Protocol) -> u16 {
     }
 }
 
+/// The `IPPROTO_*` number of a plan protocol, as set entries hold it.
+fn proto_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::TCP => 6,
+        Protocol::UDP => 17,
+        Protocol::SCTP => 132,
+    }
+}
+
 fn proto(p: Protocol) -> &'static str {
     match p {
         Protocol::TCP => "tcp",
@@ -165,94 +174,173 @@ fn proto(p: Protocol) -> &'static str {
 
 const PROTOCOLS: [Protocol; 3] = [Protocol::TCP, Protocol::UDP, Protocol::SCTP];
 
-/// The sets of one family, by role. Names: `PROXYPLAN-<ROLE>` / `PROXYPLAN6-<ROLE>`.
-mod role {
+/// What a set of the ipvs mode is for. Each family has one set per role, named
+/// `PROXYPLAN-<ROLE>` (IPv4) or `PROXYPLAN6-<ROLE>` (IPv6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
     /// Cluster IPs whose traffic from outside the cluster is masqueraded.
-    pub const CLUSTER_IP: &str = "CLUSTER-IP";
+    ClusterIp,
     /// Cluster IPs whose traffic is always masqueraded (`masqueradeAll`).
-    pub const CLUSTER_IP_ALL: &str = "CLUSTER-IP-ALL";
+    ClusterIpAll,
     /// External addresses (external IPs, LB IPs) whose traffic is masqueraded.
-    pub const EXTERNAL: &str = "EXTERNAL";
+    External,
     /// External addresses of Local-policy services: masquerade traffic from the node.
-    pub const EXTERNAL_LOCAL: &str = "EXTERNAL-LOCAL";
+    ExternalLocal,
     /// LB IPs with source ranges.
-    pub const LB_FW: &str = "LB-FW";
+    LbFw,
     /// Allowed (LB IP, port, source range).
-    pub const LB_SRC_CIDR: &str = "LB-SRC-CIDR";
+    LbSrcCidr,
     /// Allowed (LB IP, port, LB IP): the node itself when a range covers it.
-    pub const LB_SRC_IP: &str = "LB-SRC-IP";
+    LbSrcIp,
     /// Addresses whose traffic is dropped (Local policy, no local endpoint).
-    pub const DROP: &str = "DROP";
+    Drop,
     /// (endpoint, port, endpoint): an endpoint reaching itself through its service.
-    pub const LOOP_BACK: &str = "LOOP-BACK";
+    LoopBack,
     /// Node-port addresses.
-    pub const NODE_IP: &str = "NODE-IP";
+    NodeIp,
     /// Health-check node ports (accepted in the filter table).
-    pub const HC_NODE_PORT: &str = "HC-NODE-PORT";
+    HcNodePort,
+    /// Node ports whose traffic is masqueraded, per protocol.
+    NodePort(Protocol),
+    /// Node ports of Local-policy services: masquerade traffic from the node.
+    NodePortLocal(Protocol),
+    /// Node ports whose traffic is dropped (Local policy, no local endpoint).
+    NodePortDrop(Protocol),
 }
 
-fn set_name(family: IpFamily, role: &str) -> String {
-    match family {
-        IpFamily::IPv4 => format!("{PREFIX_V4}{role}"),
-        IpFamily::IPv6 => format!("{PREFIX_V6}{role}"),
+impl Role {
+    /// Every role.
+    pub const ALL: [Self; 20] = [
+        Self::ClusterIp,
+        Self::ClusterIpAll,
+        Self::External,
+        Self::ExternalLocal,
+        Self::LbFw,
+        Self::LbSrcCidr,
+        Self::LbSrcIp,
+        Self::Drop,
+        Self::LoopBack,
+        Self::NodeIp,
+        Self::HcNodePort,
+        Self::NodePort(Protocol::TCP),
+        Self::NodePort(Protocol::UDP),
+        Self::NodePort(Protocol::SCTP),
+        Self::NodePortLocal(Protocol::TCP),
+        Self::NodePortLocal(Protocol::UDP),
+        Self::NodePortLocal(Protocol::SCTP),
+        Self::NodePortDrop(Protocol::TCP),
+        Self::NodePortDrop(Protocol::UDP),
+        Self::NodePortDrop(Protocol::SCTP),
+    ];
+
+    fn suffix(self) -> String {
+        let port = |what: &str, p: Protocol| format!("{what}-{}", proto(p).to_uppercase());
+        match self {
+            Self::ClusterIp => "CLUSTER-IP".into(),
+            Self::ClusterIpAll => "CLUSTER-IP-ALL".into(),
+            Self::External => "EXTERNAL".into(),
+            Self::ExternalLocal => "EXTERNAL-LOCAL".into(),
+            Self::LbFw => "LB-FW".into(),
+            Self::LbSrcCidr => "LB-SRC-CIDR".into(),
+            Self::LbSrcIp => "LB-SRC-IP".into(),
+            Self::Drop => "DROP".into(),
+            Self::LoopBack => "LOOP-BACK".into(),
+            Self::NodeIp => "NODE-IP".into(),
+            Self::HcNodePort => "HC-NODE-PORT".into(),
+            Self::NodePort(p) => port("NP", p),
+            Self::NodePortLocal(p) => port("NP-LOCAL", p),
+            Self::NodePortDrop(p) => port("NP-DROP", p),
+        }
+    }
+
+    fn kind(self) -> SetType {
+        match self {
+            Self::ClusterIp
+            | Self::ClusterIpAll
+            | Self::External
+            | Self::ExternalLocal
+            | Self::LbFw
+            | Self::Drop => SetType::HashIpPort,
+            Self::LbSrcCidr => SetType::HashIpPortNet,
+            Self::LbSrcIp | Self::LoopBack => SetType::HashIpPortIp,
+            Self::NodeIp => SetType::HashIp,
+            Self::HcNodePort | Self::NodePort(_) | Self::NodePortLocal(_) | Self::NodePortDrop(_) => {
+                SetType::BitmapPort
+            }
+        }
     }
 }
 
-fn port_set(family: IpFamily, what: &str, p: Protocol) -> String {
-    set_name(family, &format!("{what}-{}", proto(p).to_uppercase()))
+/// One of the agent's sets: a family and a role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SetId {
+    /// The IPv6 set (`PROXYPLAN6-*`)?
+    pub ipv6: bool,
+    /// What it is for.
+    pub role: Role,
 }
 
-/// Renders the whole desired state. `nodeport_addresses` are the node's addresses that
-/// accept node ports (see [`IpvsSettings::nodeport_addresses`]).
-#[must_use]
-pub fn render(
-    plan: &MergedPlan,
-    settings: &IpvsSettings,
-    nodeport_addresses: &[IpAddr],
-) -> IpvsState {
-    let mut state = IpvsState::default();
-    for family in [IpFamily::IPv4, IpFamily::IPv6] {
-        let entries: Vec<&ServicePortPlan> = plan
-            .service_ports
-            .iter()
-            .filter(|e| e.family == family)
-            .collect();
-        if entries.is_empty() {
-            continue;
-        }
-        let v6 = family == IpFamily::IPv6;
-        let node_ips: Vec<IpAddr> = nodeport_addresses
-            .iter()
-            .copied()
-            .filter(|a| a.is_ipv6() == v6)
-            .collect();
-        let local_cidr = plan
-            .local_traffic
-            .cidrs
-            .iter()
-            .find(|c| c.contains(':') == v6)
-            .cloned();
-        let mut family_state = FamilyState::new(family, &node_ips);
-        for entry in entries {
-            family_state.entry(entry, &plan.addresses);
-        }
-        let rules = frame(family, settings, local_cidr.as_deref());
-        match family {
-            IpFamily::IPv4 => state.rules.v4 = rules,
-            IpFamily::IPv6 => state.rules.v6 = rules,
-        }
-        family_state.finish(&mut state);
+impl SetId {
+    /// Its name.
+    #[must_use]
+    pub fn name(self) -> String {
+        let prefix = if self.ipv6 { PREFIX_V6 } else { PREFIX_V4 };
+        format!("{prefix}{}", self.role.suffix())
     }
-    state
+
+    /// Its type and family.
+    #[must_use]
+    pub fn spec(self) -> SetSpec {
+        SetSpec {
+            kind: self.role.kind(),
+            ipv6: self.ipv6,
+        }
+    }
+
+    /// Every set of one family.
+    pub fn of_family(ipv6: bool) -> impl Iterator<Item = Self> {
+        Role::ALL.into_iter().map(move |role| Self { ipv6, role })
+    }
 }
 
-/// Accumulates one family's addresses, virtual servers and sets.
-struct FamilyState<'a> {
-    family: IpFamily,
-    node_ips: &'a [IpAddr],
-    addresses: BTreeSet<IpAddr>,
-    services: BTreeMap<VirtualServerKey, VirtualServer>,
-    sets: Sets,
+fn set_name(family: IpFamily, role: Role) -> String {
+    SetId {
+        ipv6: family == IpFamily::IPv6,
+        role,
+    }
+    .name()
+}
+
+/// What the node itself adds to every entry: its node-port addresses and all its
+/// addresses (for load-balancer source ranges that cover the node).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeContext {
+    /// Addresses that accept node ports ([`IpvsSettings::nodeport_addresses`]).
+    pub nodeport_addresses: Vec<IpAddr>,
+    /// The node's addresses from the plan.
+    pub node_addresses: Vec<IpAddr>,
+}
+
+/// What one plan entry puts into the kernel. Several entries may want the same address
+/// (the ports of one Service) or set entry (a hairpin entry of endpoints shared by two
+/// Services); the aggregate counts them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contribution {
+    /// VIPs for the dummy interface.
+    pub addresses: Vec<IpAddr>,
+    /// Virtual servers.
+    pub servers: Vec<(VirtualServerKey, VirtualServer)>,
+    /// Set entries.
+    pub entries: Vec<(SetId, SetEntry)>,
+}
+
+impl Contribution {
+    /// Empties it, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.addresses.clear();
+        self.servers.clear();
+        self.entries.clear();
+    }
 }
 
 fn real_servers(endpoints: &[Endpoint]) -> Vec<RealServer> {
@@ -265,228 +353,212 @@ fn real_servers(endpoints: &[Endpoint]) -> Vec<RealServer> {
     out
 }
 
-/// The `IPPROTO_*` number of a plan protocol, as set entries hold it.
-fn proto_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::TCP => 6,
-        Protocol::UDP => 17,
-        Protocol::SCTP => 132,
+/// Adds what entry `e` puts into the kernel to `out`. Pure.
+pub fn contribute(e: &ServicePortPlan, node: &NodeContext, out: &mut Contribution) {
+    let ipv6 = e.family == IpFamily::IPv6;
+    let p = proto_number(e.protocol);
+    let entries = &mut out.entries;
+    let mut add = |role: Role, entry: SetEntry| entries.push((SetId { ipv6, role }, entry));
+    let node_ips = node
+        .nodeport_addresses
+        .iter()
+        .copied()
+        .filter(|a| a.is_ipv6() == ipv6);
+    for ip in node_ips.clone() {
+        add(Role::NodeIp, SetEntry::Ip(ip));
     }
-}
-
-impl<'a> FamilyState<'a> {
-    fn new(family: IpFamily, node_ips: &'a [IpAddr]) -> Self {
-        let mut sets = Sets::new();
-        let ipv6 = family == IpFamily::IPv6;
-        let hash = |kind| IpSet::new(kind, ipv6);
-        for r in [
-            role::CLUSTER_IP,
-            role::CLUSTER_IP_ALL,
-            role::EXTERNAL,
-            role::EXTERNAL_LOCAL,
-            role::LB_FW,
-            role::DROP,
-        ] {
-            sets.insert(set_name(family, r), hash(SetType::HashIpPort));
+    let ip_port = |ip: IpAddr| SetEntry::IpPort(ip, p, e.port);
+    let server = |real_servers: Vec<RealServer>| VirtualServer {
+        persistence: e.session_affinity.map(|a| a.timeout_seconds),
+        real_servers,
+        key: e.key.clone(),
+    };
+    let vs_key = |addr: IpAddr, port: u16| VirtualServerKey {
+        protocol: ipproto(e.protocol),
+        addr,
+        port,
+    };
+    // Internal traffic: the cluster IP.
+    if let Ok(cluster_ip) = e.cluster_ip.parse::<IpAddr>() {
+        let internal = real_servers(e.endpoints_for(&e.internal));
+        out.addresses.push(cluster_ip);
+        if e.masquerade.all {
+            add(Role::ClusterIpAll, ip_port(cluster_ip));
+        } else if e.masquerade.off_cluster_to_cluster_ip {
+            add(Role::ClusterIp, ip_port(cluster_ip));
         }
-        sets.insert(
-            set_name(family, role::LB_SRC_CIDR),
-            hash(SetType::HashIpPortNet),
-        );
-        sets.insert(
-            set_name(family, role::LB_SRC_IP),
-            hash(SetType::HashIpPortIp),
-        );
-        sets.insert(
-            set_name(family, role::LOOP_BACK),
-            hash(SetType::HashIpPortIp),
-        );
-        let mut node_ip_set = hash(SetType::HashIp);
-        node_ip_set
-            .entries
-            .extend(node_ips.iter().map(|ip| SetEntry::Ip(*ip)));
-        sets.insert(set_name(family, role::NODE_IP), node_ip_set);
-        sets.insert(
-            set_name(family, role::HC_NODE_PORT),
-            hash(SetType::BitmapPort),
-        );
-        for p in PROTOCOLS {
-            for what in ["NP", "NP-LOCAL", "NP-DROP"] {
-                sets.insert(port_set(family, what, p), hash(SetType::BitmapPort));
-            }
+        if internal.is_empty() && e.internal.when_empty == EmptyAction::Drop {
+            add(Role::Drop, ip_port(cluster_ip));
         }
-        Self {
-            family,
-            node_ips,
-            addresses: BTreeSet::new(),
-            services: BTreeMap::new(),
-            sets,
-        }
+        out.servers
+            .push((vs_key(cluster_ip, e.port), server(internal)));
     }
-
-    fn add(&mut self, role: &str, entry: SetEntry) {
-        if let Some(set) = self.sets.get_mut(&set_name(self.family, role)) {
-            set.entries.insert(entry);
-        }
-    }
-
-    fn add_port(&mut self, what: &str, p: Protocol, port: u16) {
-        if let Some(set) = self.sets.get_mut(&port_set(self.family, what, p)) {
-            set.entries.insert(SetEntry::Port(port));
-        }
-    }
-
-    fn server(&mut self, entry: &ServicePortPlan, addr: IpAddr, port: u16, rs: &[RealServer]) {
-        self.services.insert(
-            VirtualServerKey {
-                protocol: ipproto(entry.protocol),
-                addr,
-                port,
-            },
-            VirtualServer {
-                persistence: entry.session_affinity.map(|a| a.timeout_seconds),
-                real_servers: rs.to_vec(),
-                key: entry.key.clone(),
-            },
-        );
-    }
-
-    fn entry(&mut self, e: &ServicePortPlan, node_addresses: &[IpAddr]) {
-        let p = proto_number(e.protocol);
-        let ip_port = |ip: IpAddr| SetEntry::IpPort(ip, p, e.port);
-        // Internal traffic: the cluster IP.
-        if let Ok(cluster_ip) = e.cluster_ip.parse::<IpAddr>() {
-            let internal = real_servers(e.endpoints_for(&e.internal));
-            self.addresses.insert(cluster_ip);
-            if e.masquerade.all {
-                self.add(role::CLUSTER_IP_ALL, ip_port(cluster_ip));
-            } else if e.masquerade.off_cluster_to_cluster_ip {
-                self.add(role::CLUSTER_IP, ip_port(cluster_ip));
-            }
-            if internal.is_empty() && e.internal.when_empty == EmptyAction::Drop {
-                self.add(role::DROP, ip_port(cluster_ip));
-            }
-            self.server(e, cluster_ip, e.port, &internal);
-        }
-        if e.masquerade.hairpin {
-            for ep in e.cluster_endpoints.iter().chain(&e.local_endpoints) {
-                if let Ok(ip) = ep.ip.parse::<IpAddr>() {
-                    self.add(role::LOOP_BACK, SetEntry::IpPortIp(ip, p, ep.port, ip));
-                }
-            }
-        }
-        if let Some(health) = e.health_check_node_port
-            && let Some(set) = self
-                .sets
-                .get_mut(&set_name(self.family, role::HC_NODE_PORT))
-        {
-            set.entries.insert(SetEntry::Port(health));
-        }
-        let Some(external) = e.external else {
-            return;
-        };
-        let rs = real_servers(e.endpoints_for(&external));
-        let drop = rs.is_empty() && external.when_empty == EmptyAction::Drop;
-        let vips = e.external_ips.iter().map(String::as_str).chain(
-            e.load_balancer_ips
-                .iter()
-                .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-                .map(|lb| lb.ip.as_str()),
-        );
-        for vip in vips {
-            let Ok(addr) = vip.parse::<IpAddr>() else {
-                continue;
-            };
-            self.addresses.insert(addr);
-            self.external_address(e, addr, drop);
-            self.server(e, addr, e.port, &rs);
-        }
-        self.source_ranges(e, node_addresses);
-        if let Some(node_port) = e.node_port {
-            if e.masquerade.external {
-                self.add_port("NP", e.protocol, node_port);
-            }
-            if e.masquerade.local_host_to_external {
-                self.add_port("NP-LOCAL", e.protocol, node_port);
-            }
-            if drop {
-                self.add_port("NP-DROP", e.protocol, node_port);
-            }
-            for addr in self.node_ips {
-                self.services.insert(
-                    VirtualServerKey {
-                        protocol: ipproto(e.protocol),
-                        addr: *addr,
-                        port: node_port,
-                    },
-                    VirtualServer {
-                        persistence: e.session_affinity.map(|a| a.timeout_seconds),
-                        real_servers: rs.clone(),
-                        key: e.key.clone(),
-                    },
-                );
+    if e.masquerade.hairpin {
+        for ep in e.cluster_endpoints.iter().chain(&e.local_endpoints) {
+            if let Ok(ip) = ep.ip.parse::<IpAddr>() {
+                add(Role::LoopBack, SetEntry::IpPortIp(ip, p, ep.port, ip));
             }
         }
     }
-
-    fn external_address(&mut self, e: &ServicePortPlan, vip: IpAddr, drop: bool) {
-        let entry = SetEntry::IpPort(vip, proto_number(e.protocol), e.port);
-        if e.masquerade.external {
-            self.add(role::EXTERNAL, entry);
-        }
-        if e.masquerade.local_host_to_external {
-            self.add(role::EXTERNAL_LOCAL, entry);
-        }
-        if drop {
-            self.add(role::DROP, entry);
-        }
+    if let Some(health) = e.health_check_node_port {
+        add(Role::HcNodePort, SetEntry::Port(health));
     }
-
-    /// `loadBalancerSourceRanges`: LB IPs in LB-FW, the allowed (IP, port, range) in
-    /// LB-SRC-CIDR, and the IP itself in LB-SRC-IP when a range covers the node (the node
-    /// reaching its own VIP uses the VIP as source).
-    fn source_ranges(&mut self, e: &ServicePortPlan, node_addresses: &[IpAddr]) {
-        let ranges: Vec<Cidr> = e
-            .load_balancer_source_ranges
-            .iter()
-            .filter_map(|r| r.parse::<Cidr>().ok())
-            .collect();
-        if ranges.is_empty() {
-            return;
-        }
-        let v6 = self.family == IpFamily::IPv6;
-        let p = proto_number(e.protocol);
-        let covers_node = ranges
-            .iter()
-            .any(|r| node_addresses.iter().any(|a| r.contains(*a)));
-        let lb_ips: Vec<IpAddr> = e
-            .load_balancer_ips
+    let Some(external) = e.external else {
+        return;
+    };
+    let rs = real_servers(e.endpoints_for(&external));
+    let drop = rs.is_empty() && external.when_empty == EmptyAction::Drop;
+    let vips = e.external_ips.iter().map(String::as_str).chain(
+        e.load_balancer_ips
             .iter()
             .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-            .filter_map(|lb| lb.ip.parse().ok())
-            .collect();
-        for ip in lb_ips {
-            self.add(role::LB_FW, SetEntry::IpPort(ip, p, e.port));
-            for range in ranges.iter().filter(|r| r.addr().is_ipv6() == v6) {
-                self.add(
-                    role::LB_SRC_CIDR,
-                    SetEntry::IpPortNet(ip, p, e.port, range.addr(), range.prefix_len()),
-                );
-            }
-            if covers_node {
-                self.add(role::LB_SRC_IP, SetEntry::IpPortIp(ip, p, e.port, ip));
-            }
+            .map(|lb| lb.ip.as_str()),
+    );
+    for vip in vips {
+        let Ok(addr) = vip.parse::<IpAddr>() else {
+            continue;
+        };
+        out.addresses.push(addr);
+        if e.masquerade.external {
+            add(Role::External, ip_port(addr));
         }
+        if e.masquerade.local_host_to_external {
+            add(Role::ExternalLocal, ip_port(addr));
+        }
+        if drop {
+            add(Role::Drop, ip_port(addr));
+        }
+        out.servers.push((vs_key(addr, e.port), server(rs.clone())));
     }
-
-    fn finish(self, state: &mut IpvsState) {
-        state.addresses.extend(self.addresses);
-        state.services.extend(self.services);
-        state.sets.extend(self.sets);
+    source_ranges(e, &node.node_addresses, &mut add);
+    if let Some(node_port) = e.node_port {
+        if e.masquerade.external {
+            add(Role::NodePort(e.protocol), SetEntry::Port(node_port));
+        }
+        if e.masquerade.local_host_to_external {
+            add(Role::NodePortLocal(e.protocol), SetEntry::Port(node_port));
+        }
+        if drop {
+            add(Role::NodePortDrop(e.protocol), SetEntry::Port(node_port));
+        }
+        for addr in node_ips {
+            out.servers.push((vs_key(addr, node_port), server(rs.clone())));
+        }
     }
 }
 
-fn set_match(family: IpFamily, role: &str, dirs: &str) -> String {
+/// `loadBalancerSourceRanges`: LB IPs in LB-FW, the allowed (IP, port, range) in
+/// LB-SRC-CIDR, and the IP itself in LB-SRC-IP when a range covers the node (the node
+/// reaching its own VIP uses the VIP as source).
+fn source_ranges(
+    e: &ServicePortPlan,
+    node_addresses: &[IpAddr],
+    add: &mut impl FnMut(Role, SetEntry),
+) {
+    let ranges: Vec<Cidr> = e
+        .load_balancer_source_ranges
+        .iter()
+        .filter_map(|r| r.parse::<Cidr>().ok())
+        .collect();
+    if ranges.is_empty() {
+        return;
+    }
+    let v6 = e.family == IpFamily::IPv6;
+    let p = proto_number(e.protocol);
+    let covers_node = ranges
+        .iter()
+        .any(|r| node_addresses.iter().any(|a| r.contains(*a)));
+    let lb_ips = e
+        .load_balancer_ips
+        .iter()
+        .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
+        .filter_map(|lb| lb.ip.parse::<IpAddr>().ok());
+    for ip in lb_ips {
+        add(Role::LbFw, SetEntry::IpPort(ip, p, e.port));
+        for range in ranges.iter().filter(|r| r.addr().is_ipv6() == v6) {
+            add(
+                Role::LbSrcCidr,
+                SetEntry::IpPortNet(ip, p, e.port, range.addr(), range.prefix_len()),
+            );
+        }
+        if covers_node {
+            add(Role::LbSrcIp, SetEntry::IpPortIp(ip, p, e.port, ip));
+        }
+    }
+}
+
+/// Whether `plan` has entries of each family (`[IPv4, IPv6]`): a family's sets and
+/// rules exist only then.
+#[must_use]
+pub fn families(plan: &MergedPlan) -> [bool; 2] {
+    let has = |f| plan.service_ports.iter().any(|e| e.family == f);
+    [has(IpFamily::IPv4), has(IpFamily::IPv6)]
+}
+
+/// The fixed iptables rules of the families in use.
+#[must_use]
+pub fn rules(plan: &MergedPlan, settings: &IpvsSettings, families: [bool; 2]) -> Ruleset {
+    let mut rules = Ruleset::default();
+    for (family, used) in [IpFamily::IPv4, IpFamily::IPv6].into_iter().zip(families) {
+        if !used {
+            continue;
+        }
+        let v6 = family == IpFamily::IPv6;
+        let local_cidr = plan
+            .local_traffic
+            .cidrs
+            .iter()
+            .find(|c| c.contains(':') == v6);
+        let family_rules = frame(family, settings, local_cidr.map(String::as_str));
+        match family {
+            IpFamily::IPv4 => rules.v4 = family_rules,
+            IpFamily::IPv6 => rules.v6 = family_rules,
+        }
+    }
+    rules
+}
+
+/// Renders the whole desired state at once. `nodeport_addresses` are the node's
+/// addresses that accept node ports (see [`IpvsSettings::nodeport_addresses`]).
+#[must_use]
+pub fn render(
+    plan: &MergedPlan,
+    settings: &IpvsSettings,
+    nodeport_addresses: &[IpAddr],
+) -> IpvsState {
+    let node = NodeContext {
+        nodeport_addresses: nodeport_addresses.to_vec(),
+        node_addresses: plan.addresses.clone(),
+    };
+    let used = families(plan);
+    let mut state = IpvsState {
+        rules: rules(plan, settings, used),
+        ..IpvsState::default()
+    };
+    for (ipv6, _) in [false, true].into_iter().zip(used).filter(|(_, u)| *u) {
+        for id in SetId::of_family(ipv6) {
+            let spec = id.spec();
+            state.sets.insert(id.name(), IpSet::new(spec.kind, spec.ipv6));
+        }
+    }
+    let mut names: BTreeMap<SetId, String> = BTreeMap::new();
+    let mut part = Contribution::default();
+    for entry in &plan.service_ports {
+        part.clear();
+        contribute(entry, &node, &mut part);
+        state.addresses.extend(part.addresses.drain(..));
+        state.services.extend(part.servers.drain(..));
+        for (id, entry) in part.entries.drain(..) {
+            let name = names.entry(id).or_insert_with(|| id.name());
+            if let Some(set) = state.sets.get_mut(name.as_str()) {
+                set.entries.insert(entry);
+            }
+        }
+    }
+    state
+}
+
+fn set_match(family: IpFamily, role: Role, dirs: &str) -> String {
     format!("-m set --match-set {} {dirs}", set_name(family, role))
 }
 
@@ -509,7 +581,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -j MASQUERADE",
             comment("proxyplan hairpin traffic"),
-            set_match(family, role::LOOP_BACK, "dst,dst,src")
+            set_match(family, Role::LoopBack, "dst,dst,src")
         ),
     );
     push(
@@ -537,7 +609,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -j {masq}",
             comment("proxyplan cluster IPs, masquerade all"),
-            set_match(family, role::CLUSTER_IP_ALL, "dst,dst")
+            set_match(family, Role::ClusterIpAll, "dst,dst")
         ),
     );
     if let Some(cidr) = local_cidr {
@@ -547,7 +619,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             format!(
                 "{} ! -s {cidr} {} -j {masq}",
                 comment("proxyplan cluster IPs from outside the cluster"),
-                set_match(family, role::CLUSTER_IP, "dst,dst")
+                set_match(family, Role::ClusterIp, "dst,dst")
             ),
         );
     }
@@ -557,7 +629,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -j {masq}",
             comment("proxyplan external addresses"),
-            set_match(family, role::EXTERNAL, "dst,dst")
+            set_match(family, Role::External, "dst,dst")
         ),
     );
     push(
@@ -566,7 +638,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} -m addrtype --src-type LOCAL {} -j {masq}",
             comment("proxyplan node traffic to Local-policy external addresses"),
-            set_match(family, role::EXTERNAL_LOCAL, "dst,dst")
+            set_match(family, Role::ExternalLocal, "dst,dst")
         ),
     );
     push(
@@ -575,7 +647,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -j {}",
             comment("proxyplan service nodeports"),
-            set_match(family, role::NODE_IP, "dst"),
+            set_match(family, Role::NodeIp, "dst"),
             names::NODEPORTS
         ),
     );
@@ -586,7 +658,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             names::NODEPORTS,
             format!(
                 "-p {pr} -m set --match-set {} dst -j {masq}",
-                port_set(family, "NP", p)
+                set_name(family, Role::NodePort(p))
             ),
         );
         push(
@@ -594,7 +666,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             names::NODEPORTS,
             format!(
                 "-p {pr} -m addrtype --src-type LOCAL -m set --match-set {} dst -j {masq}",
-                port_set(family, "NP-LOCAL", p)
+                set_name(family, Role::NodePortLocal(p))
             ),
         );
     }
@@ -605,9 +677,9 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -m set ! --match-set {} dst,dst,src -m set ! --match-set {} dst,dst,src -j DROP",
             comment("proxyplan load balancer source ranges"),
-            set_match(family, role::LB_FW, "dst,dst"),
-            set_name(family, role::LB_SRC_CIDR),
-            set_name(family, role::LB_SRC_IP)
+            set_match(family, Role::LbFw, "dst,dst"),
+            set_name(family, Role::LbSrcCidr),
+            set_name(family, Role::LbSrcIp)
         ),
     );
     push(
@@ -616,7 +688,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} {} -j DROP",
             comment("proxyplan Local policy without local endpoints"),
-            set_match(family, role::DROP, "dst,dst")
+            set_match(family, Role::Drop, "dst,dst")
         ),
     );
     for p in PROTOCOLS {
@@ -626,8 +698,8 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             format!(
                 "-p {} {} -m set --match-set {} dst -j DROP",
                 proto(p),
-                set_match(family, role::NODE_IP, "dst"),
-                port_set(family, "NP-DROP", p)
+                set_match(family, Role::NodeIp, "dst"),
+                set_name(family, Role::NodePortDrop(p))
             ),
         );
     }
@@ -637,7 +709,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         format!(
             "{} -p tcp {} -j ACCEPT",
             comment("proxyplan health check node ports"),
-            set_match(family, role::HC_NODE_PORT, "dst")
+            set_match(family, Role::HcNodePort, "dst")
         ),
     );
     push(
