@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
@@ -238,7 +239,7 @@ fn bench(services: usize, changes: usize) {
         shards: BTreeMap::new(),
     };
     objects.take(&mut planner);
-    let merged = objects.merged();
+    let merged = Arc::new(objects.merged());
     let addresses = merged.addresses.clone();
     let ns = Netns::new("lib", &addresses);
     let mut dp = IpvsDataplane::new(
@@ -247,7 +248,7 @@ fn bench(services: usize, changes: usize) {
         CommandRunner::in_netns(&ns.0),
         BackendChoice::Legacy,
     );
-    let dry = dp.sync(&merged, true).expect("dry run");
+    let dry = dp.sync_shared(&merged, true).expect("dry run");
     let ipvs_ops = dry
         .payload
         .lines()
@@ -265,10 +266,10 @@ fn bench(services: usize, changes: usize) {
         .count();
     drop(dry);
     let start = Instant::now();
-    let first = dp.sync(&merged, false).expect("first apply");
+    let first = dp.sync_shared(&merged, false).expect("first apply");
     let first_apply = start.elapsed();
     let start = Instant::now();
-    let unchanged = dp.sync(&merged, false).expect("resync");
+    let unchanged = dp.sync_shared(&merged, false).expect("resync");
     let resync = start.elapsed();
     assert_eq!(unchanged.changed, 0, "{}", unchanged.payload);
     let mut restarted = IpvsDataplane::new(
@@ -278,22 +279,25 @@ fn bench(services: usize, changes: usize) {
         BackendChoice::Legacy,
     );
     let start = Instant::now();
-    let after_restart = restarted.sync(&merged, false).expect("restart");
+    let after_restart = restarted.sync_shared(&merged, false).expect("restart");
     let restart = start.elapsed();
     assert_eq!(after_restart.changed, 0, "{}", after_restart.payload);
     drop(restarted);
     drop(merged);
     let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
     let mut times = Vec::new();
+    let mut merges = Vec::new();
     let mut changed = Vec::new();
     for k in 0..changes {
         let service = candidates[(k * 7_919 + 13) % candidates.len()];
         let change = cluster.move_endpoint(service).expect("endpoint change");
         planner.apply_slice(&change.slice).expect("slice");
         objects.take(&mut planner);
-        let merged = objects.merged();
         let start = Instant::now();
-        let report = dp.sync(&merged, false).expect("change");
+        let merged = Arc::new(objects.merged());
+        merges.push(start.elapsed());
+        let start = Instant::now();
+        let report = dp.sync_shared(&merged, false).expect("change");
         times.push(start.elapsed());
         changed.push(report.changed);
     }
@@ -330,6 +334,11 @@ fn bench(services: usize, changes: usize) {
         "| one endpoint change (median / p99 of {changes}) | {} / {} |",
         ms(quantile(&times, 0.5)),
         ms(quantile(&times, 0.99))
+    );
+    println!(
+        "| before that: merge of the changed plan and shards (median / p99) | {} / {} |",
+        ms(quantile(&merges, 0.5)),
+        ms(quantile(&merges, 0.99))
     );
     println!(
         "| objects changed per endpoint change | {:?} |",

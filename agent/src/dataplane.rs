@@ -1,6 +1,8 @@
 //! The seam between the sync loop and the kernel: one trait, a real implementation per
 //! proxy mode, and fakes in tests.
 
+use std::sync::Arc;
+
 use proxyplan_crds::MergedPlan;
 
 /// What one sync did.
@@ -69,6 +71,19 @@ pub trait Dataplane {
     /// # Errors
     /// When the kernel could not be brought to the plan; the previous state stays.
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError>;
+
+    /// [`Dataplane::sync`] of a plan the caller shares: a dataplane may keep it to compare
+    /// the next plan with, entry by entry.
+    ///
+    /// # Errors
+    /// As [`Dataplane::sync`].
+    fn sync_shared(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        self.sync(plan, dry_run)
+    }
 
     /// Whether the agent's rules are still in place (the canary chain exists). When it
     /// returns false, the next sync re-reads the kernel and restores everything.

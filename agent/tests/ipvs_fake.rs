@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
 use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-use proxyplan_agent::iptables::{BackendChoice, CommandOutput, Runner};
+use proxyplan_agent::iptables::{BackendChoice, CommandOutput, Ruleset, Runner};
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
 use proxyplan_agent::ipvs::ipset::{self, SetEntry, Sets};
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
-use proxyplan_agent::ipvs::render::{IpvsSettings, VirtualServerKey, render};
+use proxyplan_agent::ipvs::render::{
+    IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
+};
 use proxyplan_agent::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,
@@ -65,7 +67,9 @@ impl Tools {
             .lock()
             .unwrap()
             .get(name)
-            .map_or_else(Vec::new, |s| s.entries.iter().map(ToString::to_string).collect())
+            .map_or_else(Vec::new, |s| {
+                s.entries.iter().map(ToString::to_string).collect()
+            })
     }
 }
 
@@ -405,4 +409,125 @@ fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
     assert_eq!(left, [&(IPPROTO_UDP, ip("198.51.100.7"), 53)]);
     assert!(!dp.kernel().links.contains_key("proxyplan-ipvs0"));
     assert!(dp.kernel().addresses.iter().all(|a| a.ip == ip(NODE)));
+}
+
+/// What the fake kernel and sets hold, in the shape `render` returns: VIPs, virtual
+/// servers with their real servers, and every owned set with its entries.
+fn held(dp: &IpvsDataplane<FakeIpvsKernel, Tools>) -> IpvsState {
+    let kernel = dp.kernel();
+    let link = kernel.links.get("proxyplan-ipvs0").copied();
+    let mut state = IpvsState {
+        addresses: kernel
+            .addresses
+            .iter()
+            .filter(|a| Some(a.index) == link)
+            .map(|a| a.ip)
+            .collect(),
+        sets: dp.runner().sets.lock().unwrap().clone(),
+        ..IpvsState::default()
+    };
+    for (service, destinations) in kernel.services.values() {
+        let mut real_servers: Vec<(IpAddr, u16)> = destinations.keys().copied().collect();
+        real_servers.sort_unstable();
+        state.services.insert(
+            key(service.protocol, &service.addr.to_string(), service.port),
+            VirtualServer {
+                persistence: service.is_persistent().then_some(service.timeout),
+                real_servers,
+                key: String::new(),
+            },
+        );
+    }
+    state
+}
+
+/// `render`'s answer without the logging keys and iptables rules, to compare with [`held`].
+fn wanted(plan: &MergedPlan) -> IpvsState {
+    let mut state = render(plan, &IpvsSettings::default(), &[ip(NODE)]);
+    for vs in state.services.values_mut() {
+        vs.key.clear();
+    }
+    state.rules = Ruleset::default();
+    state
+}
+
+#[test]
+fn syncs_that_send_only_changed_entries_end_where_a_full_render_says() {
+    let settings = IpvsSettings {
+        termination_grace: Duration::ZERO,
+        ..IpvsSettings::default()
+    };
+    let mut dp = dataplane(settings);
+    let web = |eps: &[&str]| service("web", "10.96.0.10", 80, eps);
+    // Two services on the same backends share their hairpin entries.
+    let api = |eps: &[&str]| node_port(service("api", "10.96.0.20", 80, eps), 30080);
+    let dns = |eps: &[&str]| udp(service("dns", "10.96.0.53", 53, eps));
+    let mut local = node_port(
+        service("local", "10.96.0.30", 80, &["10.244.2.10:8080"]),
+        30081,
+    );
+    local.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Local,
+        when_empty: EmptyAction::Drop,
+    });
+    let v6 = service("six", "fd00:96::10", 80, &["[fd00:244::5]:8080"]);
+    let steps: Vec<(&str, Vec<proxyplan_crds::ServicePortPlan>)> = vec![
+        (
+            "start",
+            vec![
+                web(&["10.244.1.10:8080", "10.244.1.11:8080"]),
+                dns(&["10.244.1.10:5353"]),
+            ],
+        ),
+        (
+            "an endpoint goes",
+            vec![web(&["10.244.1.10:8080"]), dns(&["10.244.1.10:5353"])],
+        ),
+        (
+            "a service with shared backends comes",
+            vec![
+                web(&["10.244.1.10:8080"]),
+                api(&["10.244.1.10:8080", "10.244.1.12:8080"]),
+                dns(&["10.244.1.10:5353"]),
+            ],
+        ),
+        (
+            "the shared backend leaves one service only",
+            vec![
+                web(&["10.244.1.12:8080"]),
+                api(&["10.244.1.10:8080", "10.244.1.12:8080"]),
+                dns(&["10.244.1.10:5353"]),
+            ],
+        ),
+        (
+            "a Local service without local endpoints, and IPv6 appears",
+            vec![
+                web(&["10.244.1.12:8080"]),
+                api(&["10.244.1.10:8080"]),
+                local.clone(),
+                v6.clone(),
+            ],
+        ),
+        (
+            "IPv6 and the UDP service go",
+            vec![web(&["10.244.1.12:8080"]), local],
+        ),
+        ("everything goes", vec![]),
+        ("something comes back", vec![v6, web(&["10.244.1.10:8080"])]),
+    ];
+    for (step, entries) in steps {
+        let plan = plan(entries);
+        dp.sync(&plan, false).unwrap();
+        assert_eq!(held(&dp), wanted(&plan), "after step {step:?}");
+        assert_eq!(dp.sync(&plan, false).unwrap().changed, 0, "{step}: again");
+        // A restarted agent reads the kernel (IPv6 port bitmaps included) and finds
+        // nothing to do.
+        dp.invalidate();
+        let reread = dp.sync(&plan, false).unwrap();
+        assert_eq!(
+            reread.changed, 0,
+            "{step}: after a re-read: {}",
+            reread.payload
+        );
+    }
 }

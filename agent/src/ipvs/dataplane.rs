@@ -13,20 +13,24 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
+use super::desired::Desired;
 use super::ipset::{self, SetChanges, Sets};
 use super::kernel::{IpvsKernel, IpvsOp};
-use super::render::{self, IpvsSettings, IpvsState, RealServer, VirtualServer, VirtualServerKey};
+use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
 use super::{IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
 use crate::iptables::conntrack::{self, StaleFlows, UdpPaths};
 use crate::iptables::kernel::Tool;
-use crate::iptables::{Backend, BackendChoice, Family, FamilyRules, Runner, TableName, names};
+use crate::iptables::{
+    Backend, BackendChoice, Family, FamilyRules, Ruleset, Runner, TableName, names,
+};
 
 /// Operations sent to the kernel per netlink round (bounds memory at first apply).
 const OPS_PER_ROUND: usize = 4096;
@@ -57,8 +61,21 @@ struct Model {
     local: BTreeSet<IpAddr>,
     /// The agent's virtual servers.
     services: BTreeMap<VirtualServerKey, HeldService>,
-    /// The agent's ipsets.
-    sets: Sets,
+    /// The agent's ipsets, right after they were read; `None` once a sync succeeded, when
+    /// the kernel holds what [`Desired`] counts.
+    sets: Option<Sets>,
+}
+
+/// What one sync sends: set changes, VIPs, and virtual servers to bring to a value or
+/// delete.
+struct Changes {
+    sets: SetChanges,
+    add_vips: Vec<IpAddr>,
+    del_vips: Vec<IpAddr>,
+    servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    gone: BTreeSet<VirtualServerKey>,
+    /// A from-scratch count, to keep once the kernel holds it.
+    desired: Option<Desired>,
 }
 
 /// The sysctls the ipvs mode needs: name, value, why.
@@ -121,6 +138,7 @@ pub struct IpvsDataplane<K, R> {
     runner: R,
     backend: Backend,
     model: Option<Model>,
+    desired: Desired,
     frame: [Option<KernelFamily>; 2],
     programmed: [bool; 2],
     /// Removed TCP/SCTP real servers at weight 0, with the time they must be gone by.
@@ -273,6 +291,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             runner,
             backend,
             model: None,
+            desired: Desired::new(),
             frame: [None, None],
             programmed: [false, false],
             draining: HashMap::new(),
@@ -308,6 +327,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     /// Forgets the model: the next sync reads the kernel again.
     pub fn invalidate(&mut self) {
         self.model = None;
+        self.desired.clear();
         self.frame = [None, None];
     }
 
@@ -359,7 +379,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 },
             );
         }
-        model.sets = self.read_sets()?;
+        model.sets = Some(self.read_sets()?);
         Ok(model)
     }
 
@@ -369,6 +389,19 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             return Err(output.failure("ipset save"));
         }
         Ok(ipset::parse_save(&output.stdout))
+    }
+
+    /// How many of the agent's sets exist (`ipset list -n`).
+    fn set_names(&self) -> Result<usize, DataplaneError> {
+        let output = self.runner.run("ipset", &["list", "-n"], None)?;
+        if !output.success() {
+            return Err(output.failure("ipset list -n"));
+        }
+        Ok(output
+            .stdout
+            .lines()
+            .filter(|n| ipset::is_owned(n.trim()))
+            .count())
     }
 
     fn restore_sets(&self, script: &str) -> Result<(), DataplaneError> {
@@ -431,7 +464,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
 
     fn sync_state(
         &mut self,
-        plan: &MergedPlan,
+        plan: &Arc<MergedPlan>,
         dry_run: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let mut report = SyncReport::default();
@@ -443,19 +476,27 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             Some(model) => model,
             None => self.read_model(!dry_run)?,
         };
-        let nodeport = self
-            .settings
-            .nodeport_addresses(model.local.iter().copied());
-        let desired = render::render(plan, &self.settings, &nodeport);
+        let node = render::node_context(plan, &self.settings, model.local.iter().copied());
+        let families = render::families(plan);
+        let rules = render::rules(plan, &self.settings, families);
+        // From scratch right after the kernel was read, in a dry run, and when the node's
+        // addresses changed; otherwise only the entries that changed.
+        let full = dry_run || model.sets.is_some() || !self.desired.can_update(plan, &node);
+        let changes = if full {
+            self.full_changes(plan, node, &model, dry_run)?
+        } else {
+            self.partial_changes(plan, &model)
+        };
         // On failure the model stays unset: the next sync reads the kernel again.
-        report.rules = desired.services.len()
+        let desired = changes.desired.as_ref().unwrap_or(&self.desired);
+        report.rules = desired.server_count()
             + desired.real_server_count()
-            + desired.rules.v4.rule_count()
-            + desired.rules.v6.rule_count();
-        self.apply_state(&desired, &mut model, dry_run, &mut report)?;
+            + rules.v4.rule_count()
+            + rules.v6.rule_count();
+        self.apply_changes(changes, &rules, &mut model, dry_run, &mut report)?;
         if !dry_run {
-            // The kernel now holds the desired sets: move them, do not copy them.
-            model.sets = desired.sets;
+            // The kernel now holds the wanted sets: the counts in `desired` say which.
+            model.sets = None;
         }
         // A dry run changes nothing; a model it read (maybe without the interface, which
         // a dry run never creates) is not kept.
@@ -471,15 +512,23 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok(report)
     }
 
-    fn apply_state(
+    /// Everything `plan` wants compared with everything the kernel holds.
+    fn full_changes(
         &mut self,
-        desired: &IpvsState,
-        model: &mut Model,
+        plan: &Arc<MergedPlan>,
+        node: render::NodeContext,
+        model: &Model,
         dry_run: bool,
-        report: &mut SyncReport,
-    ) -> Result<(), DataplaneError> {
-        // 1. ipsets: create and fill before any rule uses them.
-        let sets = SetChanges::between(&desired.sets, &model.sets);
+    ) -> Result<Changes, DataplaneError> {
+        let kernel_sets = match &model.sets {
+            Some(sets) => sets.clone(),
+            // The kernel holds what was wanted last.
+            None => self.desired.sets(),
+        };
+        let mut desired = Desired::new();
+        let servers = desired.rebuild(plan, node);
+        let sets = SetChanges::between(&desired.sets(), &kernel_sets);
+        drop(kernel_sets);
         if let Some(name) = sets.mismatched.first() {
             return Err(DataplaneError::ToolFailed {
                 tool: "ipset".to_owned(),
@@ -490,6 +539,98 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 ),
             });
         }
+        let mut add_vips: Vec<IpAddr> = desired
+            .addresses()
+            .filter(|a| !model.vips.contains(a) && !model.local.contains(a))
+            .collect();
+        add_vips.sort_unstable();
+        let del_vips = model
+            .vips
+            .iter()
+            .filter(|a| !desired.wants_address(a))
+            .copied()
+            .collect();
+        let stale = model
+            .services
+            .keys()
+            .filter(|k| !servers.contains_key(k))
+            .copied()
+            .collect();
+        if !dry_run {
+            self.desired = Desired::new();
+        }
+        Ok(Changes {
+            sets,
+            add_vips,
+            del_vips,
+            servers,
+            gone: stale,
+            desired: Some(desired),
+        })
+    }
+
+    /// What the entries that changed since the last sync change.
+    fn partial_changes(&mut self, plan: &Arc<MergedPlan>, model: &Model) -> Changes {
+        let families_before = self.desired.families();
+        let delta = self.desired.update(plan);
+        let families_now = self.desired.families();
+        let mut sets = SetChanges::default();
+        for (ipv6, (was, now)) in [false, true]
+            .into_iter()
+            .zip(families_before.into_iter().zip(families_now))
+        {
+            for id in SetId::of_family(ipv6) {
+                match (was, now) {
+                    (false, true) => sets.create(&id.name(), id.spec()),
+                    (true, false) => sets.destroy(&id.name()),
+                    _ => {}
+                }
+            }
+        }
+        for (id, entry) in &delta.add {
+            sets.add(&id.name(), entry);
+        }
+        for (id, entry) in &delta.del {
+            sets.del(&id.name(), entry);
+        }
+        let mut add_vips = Vec::new();
+        let mut del_vips = Vec::new();
+        for ip in &delta.addresses {
+            let wanted = self.desired.wants_address(ip);
+            let held = model.vips.contains(ip);
+            if wanted && !held && !model.local.contains(ip) {
+                add_vips.push(*ip);
+            } else if !wanted && held {
+                del_vips.push(*ip);
+            }
+        }
+        Changes {
+            sets,
+            add_vips,
+            del_vips,
+            servers: delta.servers,
+            gone: delta.gone,
+            desired: None,
+        }
+    }
+
+    fn apply_changes(
+        &mut self,
+        changes: Changes,
+        rules: &Ruleset,
+        model: &mut Model,
+        dry_run: bool,
+        report: &mut SyncReport,
+    ) -> Result<(), DataplaneError> {
+        let Changes {
+            sets,
+            add_vips,
+            del_vips,
+            servers,
+            gone,
+            desired,
+        } = changes;
+        // 1. ipsets: create and fill before any rule uses them.
         if !sets.before.is_empty() {
             report.payload.push_str("# ipset restore -exist\n");
             report.payload.push_str(&sets.before);
@@ -499,17 +640,11 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         }
         report.changed += sets.changed;
         // 2. VIP addresses.
-        let add: Vec<IpAddr> = desired
-            .addresses
-            .iter()
-            .filter(|a| !model.vips.contains(a) && !model.local.contains(a))
-            .copied()
-            .collect();
-        self.change_addresses(model, &add, true, dry_run, report)?;
+        self.change_addresses(model, &add_vips, true, dry_run, report)?;
         // 3. IPVS.
         let mut rounds = OpRounds::new(dry_run);
-        self.ipvs_changes(desired, model, &mut rounds)?;
-        rounds.send(&mut self.kernel)?;
+        self.ipvs_changes(&servers, &gone, model, &mut rounds)?;
+        drop(servers);
         report.changed += rounds.sent;
         report.payload.push_str(&rounds.payload);
         if let Some(first) = rounds.failures.first() {
@@ -525,8 +660,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         // 4. The fixed iptables rules.
         for family in FAMILIES {
             let rules = match family {
-                Family::V4 => &desired.rules.v4,
-                Family::V6 => &desired.rules.v6,
+                Family::V4 => &rules.v4,
+                Family::V6 => &rules.v6,
             };
             let (payload, changed) = self.sync_frame(family, rules, dry_run)?;
             if !payload.is_empty() {
@@ -542,13 +677,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             }
         }
         // 5. VIPs nothing wants any more.
-        let remove: Vec<IpAddr> = model
-            .vips
-            .iter()
-            .filter(|a| !desired.addresses.contains(a))
-            .copied()
-            .collect();
-        self.change_addresses(model, &remove, false, dry_run, report)?;
+        self.change_addresses(model, &del_vips, false, dry_run, report)?;
         // 6. Sets nothing uses any more.
         if !sets.after.is_empty() {
             report.payload.push_str("# ipset restore -exist\n");
@@ -556,6 +685,9 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             if !dry_run {
                 self.restore_sets(&sets.after)?;
             }
+        }
+        if !dry_run && let Some(desired) = desired {
+            self.desired = desired;
         }
         Ok(())
     }
@@ -620,130 +752,33 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     }
 
     /// Collects the IPVS changes into `rounds` (sending full rounds as it goes) and
-    /// updates `model` to what the kernel holds once they are done.
+    /// updates `model` to what the kernel holds once they are done: `servers` as wanted,
+    /// `gone` deleted, and real servers left draining checked.
     fn ipvs_changes(
         &mut self,
-        desired: &IpvsState,
+        servers: &BTreeMap<VirtualServerKey, VirtualServer>,
+        gone: &BTreeSet<VirtualServerKey>,
         model: &mut Model,
         rounds: &mut OpRounds,
     ) -> Result<(), DataplaneError> {
         let now = Instant::now();
-        let scheduler = self.settings.scheduler.clone();
-        // Services nothing wants: deleted (their real servers with them).
-        let stale: Vec<VirtualServerKey> = model
-            .services
-            .keys()
-            .filter(|k| !desired.services.contains_key(k))
-            .copied()
-            .collect();
-        for key in stale {
-            if let Some(held) = model.services.get(&key) {
+        for key in gone {
+            if let Some(held) = model.services.get(key) {
                 rounds.service(OpKind::DeleteService, held.service.clone());
             }
             if !rounds.dry_run {
-                model.services.remove(&key);
+                model.services.remove(key);
             }
-            self.draining.retain(|(k, _), _| *k != key);
+            self.draining.retain(|(k, _), _| k != key);
             if rounds.full() {
                 rounds.send(&mut self.kernel)?;
             }
         }
-        let mut drain_checks = Vec::new();
-        for (key, vs) in &desired.services {
+        for (key, vs) in servers {
             if self.settings.excluded(key.addr) {
                 continue;
             }
-            let wanted = ipvs_service(key, vs, &scheduler);
-            let held = model.services.get(key);
-            let Some(held) = held else {
-                let s = rounds.service(OpKind::AddService, wanted.clone());
-                for (addr, port) in &vs.real_servers {
-                    rounds.destination(
-                        OpKind::AddDestination,
-                        s,
-                        IpvsDestination::masq(*addr, *port, 1),
-                    );
-                }
-                if !rounds.dry_run {
-                    model.services.insert(
-                        *key,
-                        HeldService {
-                            service: wanted,
-                            real_servers: vs
-                                .real_servers
-                                .iter()
-                                .map(|rs| (*rs, HeldRealServer { weight: 1 }))
-                                .collect(),
-                        },
-                    );
-                }
-                if rounds.full() {
-                    rounds.send(&mut self.kernel)?;
-                }
-                continue;
-            };
-            let update = service_differs(&held.service, &wanted);
-            let mut changes: Vec<(OpKind, RealServer, u32)> = Vec::new();
-            for rs in &vs.real_servers {
-                match held.real_servers.get(rs) {
-                    None => changes.push((OpKind::AddDestination, *rs, 1)),
-                    Some(h) if h.weight != 1 => {
-                        changes.push((OpKind::UpdateDestination, *rs, 1));
-                        self.draining.remove(&(*key, *rs));
-                    }
-                    Some(_) => {}
-                }
-            }
-            let mut draining_here = false;
-            for (rs, h) in &held.real_servers {
-                if vs.real_servers.binary_search(rs).is_ok() {
-                    continue;
-                }
-                if key.protocol == IPPROTO_UDP {
-                    changes.push((OpKind::DeleteDestination, *rs, h.weight));
-                    continue;
-                }
-                if h.weight != 0 {
-                    changes.push((OpKind::UpdateDestination, *rs, 0));
-                }
-                if !rounds.dry_run {
-                    self.draining
-                        .entry((*key, *rs))
-                        .or_insert(now + self.settings.termination_grace);
-                }
-                draining_here = true;
-            }
-            if draining_here {
-                drain_checks.push(*key);
-            }
-            if !update && changes.is_empty() {
-                continue;
-            }
-            let s = if update {
-                rounds.service(OpKind::UpdateService, wanted.clone())
-            } else {
-                rounds.with_service(held.service.clone())
-            };
-            for (kind, (addr, port), weight) in &changes {
-                rounds.destination(*kind, s, IpvsDestination::masq(*addr, *port, *weight));
-            }
-            if !rounds.dry_run
-                && let Some(held) = model.services.get_mut(key)
-            {
-                if update {
-                    held.service = wanted;
-                }
-                for (kind, rs, weight) in changes {
-                    match kind {
-                        OpKind::DeleteDestination => {
-                            held.real_servers.remove(&rs);
-                        }
-                        _ => {
-                            held.real_servers.insert(rs, HeldRealServer { weight });
-                        }
-                    }
-                }
-            }
+            self.reconcile(key, vs, model, rounds, now);
             if rounds.full() {
                 rounds.send(&mut self.kernel)?;
             }
@@ -751,7 +786,102 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         // Draining real servers: delete those whose connections ended or whose grace
         // period is over. Also those left at weight 0 by an earlier run.
         rounds.send(&mut self.kernel)?;
-        self.finish_draining(&drain_checks, model, rounds, now)
+        let draining: BTreeSet<VirtualServerKey> = self.draining.keys().map(|(k, _)| *k).collect();
+        let draining: Vec<VirtualServerKey> = draining.into_iter().collect();
+        self.finish_draining(&draining, model, rounds, now)
+    }
+
+    /// Brings one virtual server to `vs`.
+    fn reconcile(
+        &mut self,
+        key: &VirtualServerKey,
+        vs: &VirtualServer,
+        model: &mut Model,
+        rounds: &mut OpRounds,
+        now: Instant,
+    ) {
+        let wanted = ipvs_service(key, vs, &self.settings.scheduler);
+        let Some(held) = model.services.get(key) else {
+            let s = rounds.service(OpKind::AddService, wanted.clone());
+            for (addr, port) in &vs.real_servers {
+                rounds.destination(
+                    OpKind::AddDestination,
+                    s,
+                    IpvsDestination::masq(*addr, *port, 1),
+                );
+            }
+            if !rounds.dry_run {
+                model.services.insert(
+                    *key,
+                    HeldService {
+                        service: wanted,
+                        real_servers: vs
+                            .real_servers
+                            .iter()
+                            .map(|rs| (*rs, HeldRealServer { weight: 1 }))
+                            .collect(),
+                    },
+                );
+            }
+            return;
+        };
+        let update = service_differs(&held.service, &wanted);
+        let mut changes: Vec<(OpKind, RealServer, u32)> = Vec::new();
+        for rs in &vs.real_servers {
+            match held.real_servers.get(rs) {
+                None => changes.push((OpKind::AddDestination, *rs, 1)),
+                Some(h) if h.weight != 1 => {
+                    changes.push((OpKind::UpdateDestination, *rs, 1));
+                    self.draining.remove(&(*key, *rs));
+                }
+                Some(_) => {}
+            }
+        }
+        for (rs, h) in &held.real_servers {
+            if vs.real_servers.binary_search(rs).is_ok() {
+                continue;
+            }
+            if key.protocol == IPPROTO_UDP {
+                changes.push((OpKind::DeleteDestination, *rs, h.weight));
+                continue;
+            }
+            if h.weight != 0 {
+                changes.push((OpKind::UpdateDestination, *rs, 0));
+            }
+            if !rounds.dry_run {
+                self.draining
+                    .entry((*key, *rs))
+                    .or_insert(now + self.settings.termination_grace);
+            }
+        }
+        if !update && changes.is_empty() {
+            return;
+        }
+        let s = if update {
+            rounds.service(OpKind::UpdateService, wanted.clone())
+        } else {
+            rounds.with_service(held.service.clone())
+        };
+        for (kind, (addr, port), weight) in &changes {
+            rounds.destination(*kind, s, IpvsDestination::masq(*addr, *port, *weight));
+        }
+        if !rounds.dry_run
+            && let Some(held) = model.services.get_mut(key)
+        {
+            if update {
+                held.service = wanted;
+            }
+            for (kind, rs, weight) in changes {
+                match kind {
+                    OpKind::DeleteDestination => {
+                        held.real_servers.remove(&rs);
+                    }
+                    _ => {
+                        held.real_servers.insert(rs, HeldRealServer { weight });
+                    }
+                }
+            }
+        }
     }
 
     fn finish_draining(
@@ -933,12 +1063,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             .map(|a| a.ip)
             .collect();
         let vips = addresses.iter().filter(|a| Some(a.index) == link).count();
-        let sets = self.read_sets()?;
+        let sets = self.set_names()?;
         let intact = link == model.link
             && owned == model.services.len()
             && vips == model.vips.len()
             && local == model.local
-            && sets.len() == model.sets.len();
+            && sets == self.desired.set_ids().count();
         if intact {
             self.model = Some(model);
         }
@@ -948,10 +1078,17 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
 
 impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        self.sync_shared(&Arc::new(plan.clone()), dry_run)
+    }
+
+    fn sync_shared(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
         let result = self.sync_state(plan, dry_run);
         if result.is_err() {
-            self.model = None;
-            self.frame = [None, None];
+            self.invalidate();
         }
         result
     }
@@ -1004,7 +1141,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
             self.kernel.delete_link(link)?;
             report.changed += 1 + model.vips.len();
         }
-        let destroy = SetChanges::between(&Sets::new(), &model.sets);
+        let destroy = SetChanges::between(&Sets::new(), &model.sets.take().unwrap_or_default());
         self.restore_sets(&destroy.after)?;
         report.payload.push_str(&destroy.after);
         report.changed += destroy.changed;

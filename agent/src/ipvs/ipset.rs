@@ -251,6 +251,31 @@ pub struct SetChanges {
 }
 
 impl SetChanges {
+    /// Creates set `name`.
+    pub fn create(&mut self, name: &str, spec: SetSpec) {
+        self.before
+            .push_str(&format!("create {name} {}\n", spec.create_options()));
+        self.changed += 1;
+    }
+
+    /// Adds `entry` to set `name`.
+    pub fn add(&mut self, name: &str, entry: &SetEntry) {
+        self.before.push_str(&format!("add {name} {entry}\n"));
+        self.changed += 1;
+    }
+
+    /// Deletes `entry` from set `name`.
+    pub fn del(&mut self, name: &str, entry: &SetEntry) {
+        self.before.push_str(&format!("del {name} {entry}\n"));
+        self.changed += 1;
+    }
+
+    /// Destroys set `name` (after the rules that used it are gone).
+    pub fn destroy(&mut self, name: &str) {
+        self.after.push_str(&format!("destroy {name}\n"));
+        self.changed += 1;
+    }
+
     /// Compares `desired` with `kernel`.
     #[must_use]
     pub fn between(desired: &Sets, kernel: &Sets) -> Self {
@@ -263,26 +288,19 @@ impl SetChanges {
                     continue;
                 }
                 Some(_) => {}
-                None => {
-                    out.before
-                        .push_str(&format!("create {name} {}\n", want.spec.create_options()));
-                    out.changed += 1;
-                }
+                None => out.create(name, want.spec),
             }
             let empty = BTreeSet::new();
             let held = have.map_or(&empty, |h| &h.entries);
             for entry in want.entries.difference(held) {
-                out.before.push_str(&format!("add {name} {entry}\n"));
-                out.changed += 1;
+                out.add(name, entry);
             }
             for entry in held.difference(&want.entries) {
-                out.before.push_str(&format!("del {name} {entry}\n"));
-                out.changed += 1;
+                out.del(name, entry);
             }
         }
         for name in kernel.keys().filter(|n| !desired.contains_key(*n)) {
-            out.after.push_str(&format!("destroy {name}\n"));
-            out.changed += 1;
+            out.destroy(name);
         }
         out
     }

@@ -10,6 +10,7 @@
 
 pub mod codec;
 pub mod dataplane;
+pub mod desired;
 pub mod ipset;
 pub mod kernel;
 pub mod netlink;

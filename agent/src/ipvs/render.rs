@@ -264,9 +264,10 @@ impl Role {
             Self::LbSrcCidr => SetType::HashIpPortNet,
             Self::LbSrcIp | Self::LoopBack => SetType::HashIpPortIp,
             Self::NodeIp => SetType::HashIp,
-            Self::HcNodePort | Self::NodePort(_) | Self::NodePortLocal(_) | Self::NodePortDrop(_) => {
-                SetType::BitmapPort
-            }
+            Self::HcNodePort
+            | Self::NodePort(_)
+            | Self::NodePortLocal(_)
+            | Self::NodePortDrop(_) => SetType::BitmapPort,
         }
     }
 }
@@ -288,12 +289,13 @@ impl SetId {
         format!("{prefix}{}", self.role.suffix())
     }
 
-    /// Its type and family.
+    /// Its type and family (port bitmaps have none: `ipset save` shows no family).
     #[must_use]
     pub fn spec(self) -> SetSpec {
+        let kind = self.role.kind();
         SetSpec {
-            kind: self.role.kind(),
-            ipv6: self.ipv6,
+            kind,
+            ipv6: self.ipv6 && kind != SetType::BitmapPort,
         }
     }
 
@@ -442,7 +444,8 @@ pub fn contribute(e: &ServicePortPlan, node: &NodeContext, out: &mut Contributio
             add(Role::NodePortDrop(e.protocol), SetEntry::Port(node_port));
         }
         for addr in node_ips {
-            out.servers.push((vs_key(addr, node_port), server(rs.clone())));
+            out.servers
+                .push((vs_key(addr, node_port), server(rs.clone())));
         }
     }
 }
@@ -484,6 +487,20 @@ fn source_ranges(
         if covers_node {
             add(Role::LbSrcIp, SetEntry::IpPortIp(ip, p, e.port, ip));
         }
+    }
+}
+
+/// The node's context for `plan`: the node-port addresses among the node's local
+/// `addresses`, and the plan's node addresses.
+#[must_use]
+pub fn node_context(
+    plan: &MergedPlan,
+    settings: &IpvsSettings,
+    local_addresses: impl IntoIterator<Item = IpAddr>,
+) -> NodeContext {
+    NodeContext {
+        nodeport_addresses: settings.nodeport_addresses(local_addresses),
+        node_addresses: plan.addresses.clone(),
     }
 }
 
@@ -538,7 +555,9 @@ pub fn render(
     for (ipv6, _) in [false, true].into_iter().zip(used).filter(|(_, u)| *u) {
         for id in SetId::of_family(ipv6) {
             let spec = id.spec();
-            state.sets.insert(id.name(), IpSet::new(spec.kind, spec.ipv6));
+            state
+                .sets
+                .insert(id.name(), IpSet::new(spec.kind, spec.ipv6));
         }
     }
     let mut names: BTreeMap<SetId, String> = BTreeMap::new();

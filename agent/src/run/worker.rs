@@ -15,6 +15,14 @@ impl<D: Dataplane + ?Sized> Dataplane for Box<D> {
         (**self).sync(plan, dry_run)
     }
 
+    fn sync_shared(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        (**self).sync_shared(plan, dry_run)
+    }
+
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
         (**self).rules_intact()
     }
@@ -55,7 +63,7 @@ impl DataplaneThread {
                 while let Ok(job) = queue.recv() {
                     match job {
                         Job::Sync(plan, answer) => {
-                            let _ = answer.send(dataplane.sync(&plan, false));
+                            let _ = answer.send(dataplane.sync_shared(&plan, false));
                         }
                         Job::RulesIntact(answer) => {
                             let _ = answer.send(dataplane.rules_intact());

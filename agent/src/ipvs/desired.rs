@@ -1,0 +1,307 @@
+//! The desired ipvs-mode state as counts of who wants what, kept between syncs and
+//! updated entry by entry.
+//!
+//! Several plan entries may want the same VIP (the ports of one Service) or the same set
+//! entry (a hairpin entry of endpoints two Services share), so each address, virtual
+//! server and set entry carries the number of entries that want it. A sync compares the
+//! new plan with the previous one entry by entry (both are sorted by key), takes back the
+//! [`Contribution`] of each entry that changed or went and adds the new one: only what
+//! changes count between wanted and not wanted reaches the kernel, and an endpoint
+//! change costs the work of one entry, not of the plan.
+//!
+//! Virtual servers are not stored: their value comes from the entry that wants them,
+//! rendered again when it changes. The previous plan is kept (shared with the caller, an
+//! [`Arc`]) to render what an entry wanted before.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
+
+use super::ipset::{IpSet, SetEntry, Sets};
+use super::render::{
+    Contribution, NodeContext, SetId, VirtualServer, VirtualServerKey, contribute,
+};
+
+/// What an update changes in the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Virtual servers the changed entries want, with what they should be.
+    pub servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    /// Virtual servers the changed entries wanted and nothing wants now.
+    pub gone: BTreeSet<VirtualServerKey>,
+    /// Set entries nothing wanted before.
+    pub add: Vec<(SetId, SetEntry)>,
+    /// Set entries nothing wants now.
+    pub del: Vec<(SetId, SetEntry)>,
+    /// VIPs the changed entries wanted or want (compare each with the interface).
+    pub addresses: BTreeSet<IpAddr>,
+    /// Entries that changed, came or went.
+    pub entries_changed: usize,
+}
+
+/// What an update touched, before it is turned into a [`Delta`].
+#[derive(Debug, Default)]
+struct Touched {
+    /// Set entries touched, with whether something wanted them before.
+    entries: HashMap<(SetId, SetEntry), bool>,
+    /// VIPs touched.
+    addresses: BTreeSet<IpAddr>,
+    /// Virtual servers the changed entries wanted before.
+    servers: BTreeSet<VirtualServerKey>,
+}
+
+/// Who wants what: counts by address, virtual server and set entry.
+#[derive(Debug, Default)]
+pub struct Desired {
+    node: NodeContext,
+    plan: Option<Arc<MergedPlan>>,
+    addresses: HashMap<IpAddr, u32>,
+    servers: HashMap<VirtualServerKey, u32>,
+    entries: HashMap<(SetId, SetEntry), u32>,
+    families: [usize; 2],
+    real_servers: usize,
+}
+
+fn family_index(family: IpFamily) -> usize {
+    match family {
+        IpFamily::IPv4 => 0,
+        IpFamily::IPv6 => 1,
+    }
+}
+
+fn increment<K: Hash + Eq>(map: &mut HashMap<K, u32>, key: K) {
+    *map.entry(key).or_insert(0) += 1;
+}
+
+fn decrement<K: Hash + Eq>(map: &mut HashMap<K, u32>, key: K) {
+    if let Entry::Occupied(mut slot) = map.entry(key) {
+        *slot.get_mut() -= 1;
+        if *slot.get() == 0 {
+            slot.remove();
+        }
+    }
+}
+
+/// Whether entries are in strictly increasing key order (as `merge` returns them).
+fn sorted(plan: &MergedPlan) -> bool {
+    plan.service_ports.windows(2).all(|w| match w {
+        [a, b] => a.key < b.key,
+        _ => true,
+    })
+}
+
+impl Desired {
+    /// Nothing wanted, nothing known: the next sync rebuilds.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether [`Desired::update`] can move from the plan it holds to `plan` on `node`:
+    /// it holds a plan, for the same node context, and both plans are sorted by key.
+    #[must_use]
+    pub fn can_update(&self, plan: &MergedPlan, node: &NodeContext) -> bool {
+        self.plan
+            .as_ref()
+            .is_some_and(|held| self.node == *node && sorted(held) && sorted(plan))
+    }
+
+    /// Forgets everything: the next sync rebuilds.
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Counts everything `plan` wants from scratch and returns every virtual server.
+    pub fn rebuild(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        node: NodeContext,
+    ) -> BTreeMap<VirtualServerKey, VirtualServer> {
+        self.clear();
+        self.node = node;
+        let mut servers = BTreeMap::new();
+        let mut part = Contribution::default();
+        for entry in &plan.service_ports {
+            self.add(entry, &mut part, &mut servers, None);
+        }
+        self.plan = Some(Arc::clone(plan));
+        servers
+    }
+
+    /// Moves to `plan`, entry by entry, and returns what that changes. Call only when
+    /// [`Desired::can_update`] says so.
+    pub fn update(&mut self, plan: &Arc<MergedPlan>) -> Delta {
+        let mut delta = Delta::default();
+        let Some(old) = self.plan.take() else {
+            return delta;
+        };
+        let mut touched = Touched::default();
+        let mut part = Contribution::default();
+        let (mut a, mut b) = (
+            old.service_ports.iter().peekable(),
+            plan.service_ports.iter().peekable(),
+        );
+        loop {
+            let order = match (a.peek(), b.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(o), Some(n)) => o.key.cmp(&n.key),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    if let Some(o) = a.next() {
+                        self.remove(o, &mut part, &mut touched);
+                        delta.entries_changed += 1;
+                    }
+                }
+                std::cmp::Ordering::Greater => {
+                    if let Some(n) = b.next() {
+                        self.add(n, &mut part, &mut delta.servers, Some(&mut touched));
+                        delta.entries_changed += 1;
+                    }
+                }
+                std::cmp::Ordering::Equal => {
+                    if let (Some(o), Some(n)) = (a.next(), b.next())
+                        && o != n
+                    {
+                        self.remove(o, &mut part, &mut touched);
+                        self.add(n, &mut part, &mut delta.servers, Some(&mut touched));
+                        delta.entries_changed += 1;
+                    }
+                }
+            }
+        }
+        delta.gone = touched
+            .servers
+            .into_iter()
+            .filter(|k| !self.servers.contains_key(k) && !delta.servers.contains_key(k))
+            .collect();
+        delta.addresses = touched.addresses;
+        for (key, was) in touched.entries {
+            match (was, self.entries.contains_key(&key)) {
+                (false, true) => delta.add.push(key),
+                (true, false) => delta.del.push(key),
+                _ => {}
+            }
+        }
+        delta.add.sort_unstable();
+        delta.del.sort_unstable();
+        self.plan = Some(Arc::clone(plan));
+        delta
+    }
+
+    fn add(
+        &mut self,
+        entry: &ServicePortPlan,
+        part: &mut Contribution,
+        servers: &mut BTreeMap<VirtualServerKey, VirtualServer>,
+        mut touched: Option<&mut Touched>,
+    ) {
+        part.clear();
+        contribute(entry, &self.node, part);
+        self.families[family_index(entry.family)] += 1;
+        for ip in part.addresses.drain(..) {
+            if let Some(touched) = touched.as_deref_mut() {
+                touched.addresses.insert(ip);
+            }
+            increment(&mut self.addresses, ip);
+        }
+        for (key, server) in part.servers.drain(..) {
+            increment(&mut self.servers, key);
+            self.real_servers += server.real_servers.len();
+            servers.insert(key, server);
+        }
+        for key in part.entries.drain(..) {
+            if let Some(touched) = touched.as_deref_mut() {
+                let held = self.entries.contains_key(&key);
+                touched.entries.entry(key).or_insert(held);
+            }
+            increment(&mut self.entries, key);
+        }
+    }
+
+    fn remove(&mut self, entry: &ServicePortPlan, part: &mut Contribution, touched: &mut Touched) {
+        part.clear();
+        contribute(entry, &self.node, part);
+        let family = &mut self.families[family_index(entry.family)];
+        *family = family.saturating_sub(1);
+        for ip in part.addresses.drain(..) {
+            touched.addresses.insert(ip);
+            decrement(&mut self.addresses, ip);
+        }
+        for (key, server) in part.servers.drain(..) {
+            decrement(&mut self.servers, key);
+            self.real_servers = self.real_servers.saturating_sub(server.real_servers.len());
+            touched.servers.insert(key);
+        }
+        for key in part.entries.drain(..) {
+            let held = self.entries.contains_key(&key);
+            touched.entries.entry(key).or_insert(held);
+            decrement(&mut self.entries, key);
+        }
+    }
+
+    /// Whether each family (`[IPv4, IPv6]`) has entries, so its sets and rules exist.
+    #[must_use]
+    pub fn families(&self) -> [bool; 2] {
+        [self.families[0] > 0, self.families[1] > 0]
+    }
+
+    /// The sets that must exist.
+    pub fn set_ids(&self) -> impl Iterator<Item = SetId> + '_ {
+        [false, true]
+            .into_iter()
+            .zip(self.families())
+            .filter(|(_, used)| *used)
+            .flat_map(|(ipv6, _)| SetId::of_family(ipv6))
+    }
+
+    /// Every wanted set with its entries.
+    #[must_use]
+    pub fn sets(&self) -> Sets {
+        let mut by_id: BTreeMap<SetId, IpSet> = self
+            .set_ids()
+            .map(|id| {
+                let spec = id.spec();
+                (id, IpSet::new(spec.kind, spec.ipv6))
+            })
+            .collect();
+        for (id, entry) in self.entries.keys() {
+            if let Some(set) = by_id.get_mut(id) {
+                set.entries.insert(*entry);
+            }
+        }
+        by_id
+            .into_iter()
+            .map(|(id, set)| (id.name(), set))
+            .collect()
+    }
+
+    /// Whether some entry wants `ip` on the dummy interface.
+    #[must_use]
+    pub fn wants_address(&self, ip: &IpAddr) -> bool {
+        self.addresses.contains_key(ip)
+    }
+
+    /// Every wanted VIP.
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.addresses.keys().copied()
+    }
+
+    /// Wanted virtual servers.
+    #[must_use]
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Real servers over all wanted virtual servers.
+    #[must_use]
+    pub fn real_server_count(&self) -> usize {
+        self.real_servers
+    }
+}
