@@ -191,7 +191,12 @@ fn unavailable() -> Option<String> {
             .status()
             .is_err()
         {
-            return Some(format!("{tool} not installed"));
+            // Root but a tool missing is a broken test machine, not a reason to skip:
+            // `.ci/run` installs every one of them (and the VM step passes them in).
+            panic!(
+                "{tool} is not installed: the traffic tests need ip, socat, ss, conntrack and \
+                 iptables-nft (`bash .ci/run` installs them)"
+            );
         }
     }
     None
