@@ -332,6 +332,86 @@ pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
     out.into_iter().collect()
 }
 
+/// The conntrack step both modes run after a sync: it keeps the UDP paths the kernel
+/// was last brought to and deletes the entries each sync makes stale.
+#[derive(Debug, Clone, Default)]
+pub struct UdpTracker {
+    paths: Option<UdpPaths>,
+}
+
+impl UdpTracker {
+    /// Forgets the paths: the next sync lists the conntrack table.
+    pub fn reset(&mut self) {
+        self.paths = None;
+    }
+
+    /// Deletes the UDP conntrack entries made stale by the move to `plan`, writing each
+    /// `conntrack` command to `payload`; returns how many were deleted. `changes` are the
+    /// entries that changed since the last sync, or `None` to compare whole plans. On
+    /// the first sync the table is listed instead. A dry run only writes the commands.
+    ///
+    /// # Errors
+    /// When `conntrack` cannot list or delete; the paths stay as they were, to try again.
+    pub fn clear(
+        &mut self,
+        runner: &dyn Runner,
+        plan: &MergedPlan,
+        changes: Option<&[EntryChange<'_>]>,
+        dry_run: bool,
+        payload: &mut dyn FnMut(&str),
+    ) -> Result<usize, DataplaneError> {
+        let mut next = None;
+        let incremental = match (&mut self.paths, changes) {
+            (Some(previous), Some(changes)) => previous.update(changes, false),
+            _ => None,
+        };
+        let flows: Vec<StaleFlows> = match (incremental, &self.paths) {
+            (Some(flows), _) => flows,
+            // No changed entries to follow, or a destination shared between entries.
+            (None, Some(previous)) => {
+                let paths = UdpPaths::from_plan(plan);
+                let flows = stale_flows(previous, &paths);
+                next = Some(paths);
+                flows
+            }
+            (None, None) if dry_run => Vec::new(),
+            (None, None) => {
+                let paths = UdpPaths::from_plan(plan);
+                let mut flows = Vec::new();
+                for family in [Family::V4, Family::V6] {
+                    if paths.has_family(family) {
+                        let listed = list_udp(runner, family)?;
+                        flows.extend(stale_in_table(&listed, &paths, &plan.addresses));
+                    }
+                }
+                next = Some(paths);
+                flows
+            }
+        };
+        let mut deleted = 0;
+        for flow in &flows {
+            payload(&format!(
+                "# {CONNTRACK} {}\n",
+                flow.conntrack_args().join(" ")
+            ));
+            if !dry_run {
+                deleted += delete(runner, flow)?;
+            }
+        }
+        // Only once deleted: a failure leaves the paths as they were, to try again.
+        if !dry_run {
+            match (next, &mut self.paths, changes) {
+                (Some(paths), _, _) => self.paths = Some(paths),
+                (None, Some(paths), Some(changes)) => {
+                    paths.update(changes, true);
+                }
+                _ => {}
+            }
+        }
+        Ok(deleted)
+    }
+}
+
 /// One UDP conntrack entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Flow {

@@ -21,7 +21,7 @@ use proxyplan_crds::{IpFamily, MergedPlan};
 
 use super::apply::{KernelFamily, KernelTable, SaveParser};
 use super::cache::FamilyCache;
-use super::conntrack::{self, EntryChange, StaleFlows, UdpPaths};
+use super::conntrack::{EntryChange, UdpTracker};
 use super::render::FamilyInputs;
 use super::{Family, RenderSettings, TableName, names};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
@@ -466,7 +466,7 @@ pub struct IptablesDataplane<R> {
     /// `[v4, v6]`.
     families: [FamilyState; 2],
     /// The UDP paths of the last plan synced, for stale conntrack entries.
-    udp: Option<UdpPaths>,
+    udp: UdpTracker,
     /// What the last sync sent.
     sent: PayloadSize,
 }
@@ -668,7 +668,7 @@ impl<R: Runner> IptablesDataplane<R> {
             runner,
             backend,
             families: [FamilyState::default(), FamilyState::default()],
-            udp: None,
+            udp: UdpTracker::default(),
             sent: PayloadSize::default(),
         }
     }
@@ -804,63 +804,6 @@ impl<R: Runner> IptablesDataplane<R> {
         Ok((changed, rules, entries))
     }
 
-    /// Deletes the UDP conntrack entries made stale by the entries that changed (all of
-    /// them on the first sync), and moves the UDP paths to `plan`.
-    fn clear_conntrack(
-        &mut self,
-        plan: &MergedPlan,
-        changes: &[EntryChange<'_>],
-        dry_run: bool,
-        report: &mut ReportText,
-    ) -> Result<usize, DataplaneError> {
-        let mut next = None;
-        let flows: Vec<StaleFlows> = match &mut self.udp {
-            Some(previous) => match previous.update(changes, false) {
-                Some(flows) => flows,
-                // A destination shared between entries: compare whole plans.
-                None => {
-                    let paths = UdpPaths::from_plan(plan);
-                    let flows = conntrack::stale_flows(previous, &paths);
-                    next = Some(paths);
-                    flows
-                }
-            },
-            None if dry_run => Vec::new(),
-            None => {
-                let paths = UdpPaths::from_plan(plan);
-                let mut flows = Vec::new();
-                for family in FAMILIES.into_iter().filter(|f| paths.has_family(*f)) {
-                    let listed = conntrack::list_udp(&self.runner, family)?;
-                    flows.extend(conntrack::stale_in_table(&listed, &paths, &plan.addresses));
-                }
-                next = Some(paths);
-                flows
-            }
-        };
-        let mut deleted = 0;
-        for flow in &flows {
-            report.push(&format!(
-                "# {} {}\n",
-                conntrack::CONNTRACK,
-                flow.conntrack_args().join(" ")
-            ));
-            if !dry_run {
-                deleted += conntrack::delete(&self.runner, flow)?;
-            }
-        }
-        // Only once deleted: a failure leaves the paths as they were, to try again.
-        if !dry_run {
-            match (next, &mut self.udp) {
-                (Some(paths), _) => self.udp = Some(paths),
-                (None, Some(paths)) => {
-                    paths.update(changes, true);
-                }
-                (None, None) => {}
-            }
-        }
-        Ok(deleted)
-    }
-
     fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
         let iptables = self.backend.binary(family, Tool::Iptables);
         let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
@@ -898,7 +841,11 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             report.rules += rules;
             changes.extend(entries);
         }
-        report.conntrack_deleted = self.clear_conntrack(plan, &changes, dry_run, &mut text)?;
+        report.conntrack_deleted =
+            self.udp
+                .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
+                    text.push(line)
+                })?;
         report.payload = text.finish();
         Ok(report)
     }
@@ -934,7 +881,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             report.changed += changed;
             self.families[index(family)].programmed = false;
         }
-        self.udp = None;
+        self.udp.reset();
         report.payload = text.finish();
         Ok(report)
     }

@@ -11,6 +11,7 @@
 //! real servers → the fixed iptables rules → VIP addresses removed → ipsets destroyed →
 //! stale UDP conntrack entries deleted.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,14 +20,14 @@ use std::time::Instant;
 use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
-use super::desired::Desired;
+use super::desired::{ChangedEntries, Desired};
 use super::ipset::{self, SetChanges, Sets};
 use super::kernel::{IpvsKernel, IpvsOp};
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
 use super::{IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
-use crate::iptables::conntrack::{self, StaleFlows, UdpPaths};
+use crate::iptables::conntrack::{EntryChange, UdpTracker};
 use crate::iptables::kernel::Tool;
 use crate::iptables::{
     Backend, BackendChoice, Family, FamilyRules, Ruleset, Runner, TableName, names,
@@ -76,6 +77,8 @@ struct Changes {
     gone: BTreeSet<VirtualServerKey>,
     /// A from-scratch count, to keep once the kernel holds it.
     desired: Option<Desired>,
+    /// The entries that changed (`None` when compared from scratch).
+    entries: Option<ChangedEntries>,
 }
 
 /// The sysctls the ipvs mode needs: name, value, why.
@@ -143,7 +146,7 @@ pub struct IpvsDataplane<K, R> {
     programmed: [bool; 2],
     /// Removed TCP/SCTP real servers at weight 0, with the time they must be gone by.
     draining: HashMap<(VirtualServerKey, RealServer), Instant>,
-    udp: Option<UdpPaths>,
+    udp: UdpTracker,
     sysctls: Vec<SysctlCheck>,
 }
 
@@ -295,7 +298,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             frame: [None, None],
             programmed: [false, false],
             draining: HashMap::new(),
-            udp: None,
+            udp: UdpTracker::default(),
             sysctls: Vec::new(),
         }
     }
@@ -493,7 +496,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             + desired.real_server_count()
             + rules.v4.rule_count()
             + rules.v6.rule_count();
-        self.apply_changes(changes, &rules, &mut model, dry_run, &mut report)?;
+        let entries = self.apply_changes(changes, &rules, &mut model, dry_run, &mut report)?;
         if !dry_run {
             // The kernel now holds the wanted sets: the counts in `desired` say which.
             model.sets = None;
@@ -503,12 +506,29 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         if !dry_run || had_model {
             self.model = Some(model);
         }
-        let next = UdpPaths::from_plan(plan);
-        report.conntrack_deleted =
-            self.clear_conntrack(plan, &next, dry_run, &mut report.payload)?;
-        if !dry_run {
-            self.udp = Some(next);
-        }
+        let changed: Option<Vec<EntryChange<'_>>> = entries.as_ref().map(|changed| {
+            let updated = changed
+                .updated
+                .iter()
+                .filter_map(|i| plan.service_ports.get(*i))
+                .map(|e| EntryChange {
+                    key: Cow::Borrowed(e.key.as_str()),
+                    entries: vec![e],
+                });
+            let removed = changed.removed.iter().map(|key| EntryChange {
+                key: Cow::Borrowed(key.as_str()),
+                entries: Vec::new(),
+            });
+            updated.chain(removed).collect()
+        });
+        let payload = &mut report.payload;
+        report.conntrack_deleted = self.udp.clear(
+            &self.runner,
+            plan,
+            changed.as_deref(),
+            dry_run,
+            &mut |line| payload.push_str(line),
+        )?;
         Ok(report)
     }
 
@@ -566,6 +586,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             servers,
             gone: stale,
             desired: Some(desired),
+            entries: None,
         })
     }
 
@@ -611,6 +632,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             servers: delta.servers,
             gone: delta.gone,
             desired: None,
+            entries: Some(delta.changed),
         }
     }
 
@@ -621,7 +643,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         model: &mut Model,
         dry_run: bool,
         report: &mut SyncReport,
-    ) -> Result<(), DataplaneError> {
+    ) -> Result<Option<ChangedEntries>, DataplaneError> {
         let Changes {
             sets,
             add_vips,
@@ -629,6 +651,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             servers,
             gone,
             desired,
+            entries,
         } = changes;
         // 1. ipsets: create and fill before any rule uses them.
         if !sets.before.is_empty() {
@@ -689,7 +712,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         if !dry_run && let Some(desired) = desired {
             self.desired = desired;
         }
-        Ok(())
+        Ok(entries)
     }
 
     fn change_addresses(
@@ -999,40 +1022,6 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok((payload, changed))
     }
 
-    /// Deletes the UDP conntrack entries the move to `next` made stale.
-    fn clear_conntrack(
-        &self,
-        plan: &MergedPlan,
-        next: &UdpPaths,
-        dry_run: bool,
-        payload: &mut String,
-    ) -> Result<usize, DataplaneError> {
-        let flows: Vec<StaleFlows> = match &self.udp {
-            Some(previous) => conntrack::stale_flows(previous, next),
-            None if dry_run => Vec::new(),
-            None => {
-                let mut flows = Vec::new();
-                for family in FAMILIES.into_iter().filter(|f| next.has_family(*f)) {
-                    let listed = conntrack::list_udp(&self.runner, family)?;
-                    flows.extend(conntrack::stale_in_table(&listed, next, &plan.addresses));
-                }
-                flows
-            }
-        };
-        let mut deleted = 0;
-        for flow in &flows {
-            payload.push_str(&format!(
-                "# {} {}\n",
-                conntrack::CONNTRACK,
-                flow.conntrack_args().join(" ")
-            ));
-            if !dry_run {
-                deleted += conntrack::delete(&self.runner, flow)?;
-            }
-        }
-        Ok(deleted)
-    }
-
     fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
         let iptables = self.backend.binary(family, Tool::Iptables);
         let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
@@ -1146,7 +1135,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         report.payload.push_str(&destroy.after);
         report.changed += destroy.changed;
         self.invalidate();
-        self.udp = None;
+        self.udp.reset();
         self.draining.clear();
         Ok(report)
     }

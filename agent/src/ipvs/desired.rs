@@ -41,6 +41,17 @@ pub struct Delta {
     pub addresses: BTreeSet<IpAddr>,
     /// Entries that changed, came or went.
     pub entries_changed: usize,
+    /// Which entries changed.
+    pub changed: ChangedEntries,
+}
+
+/// The entries an update found changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangedEntries {
+    /// Where the entries that changed or came are in the new plan.
+    pub updated: Vec<usize>,
+    /// Keys of the entries that went.
+    pub removed: Vec<String>,
 }
 
 /// What an update touched, before it is turned into a [`Delta`].
@@ -102,12 +113,13 @@ impl Desired {
     }
 
     /// Whether [`Desired::update`] can move from the plan it holds to `plan` on `node`:
-    /// it holds a plan, for the same node context, and both plans are sorted by key.
+    /// it holds a plan, for the same node context, and `plan` is sorted by key (the held
+    /// one was checked when it came).
     #[must_use]
     pub fn can_update(&self, plan: &MergedPlan, node: &NodeContext) -> bool {
-        self.plan
-            .as_ref()
-            .is_some_and(|held| self.node == *node && sorted(held) && sorted(plan))
+        self.plan.as_ref().is_some_and(|held| {
+            self.node == *node && (std::ptr::eq(held.as_ref(), plan) || sorted(plan))
+        })
     }
 
     /// Forgets everything: the next sync rebuilds.
@@ -115,7 +127,8 @@ impl Desired {
         *self = Self::default();
     }
 
-    /// Counts everything `plan` wants from scratch and returns every virtual server.
+    /// Counts everything `plan` wants from scratch and returns every virtual server. An
+    /// unsorted plan is counted but not kept: the next sync starts from scratch again.
     pub fn rebuild(
         &mut self,
         plan: &Arc<MergedPlan>,
@@ -128,7 +141,9 @@ impl Desired {
         for entry in &plan.service_ports {
             self.add(entry, &mut part, &mut servers, None);
         }
-        self.plan = Some(Arc::clone(plan));
+        if sorted(plan) {
+            self.plan = Some(Arc::clone(plan));
+        }
         servers
     }
 
@@ -139,38 +154,43 @@ impl Desired {
         let Some(old) = self.plan.take() else {
             return delta;
         };
+        if Arc::ptr_eq(&old, plan) {
+            self.plan = Some(old);
+            return delta;
+        }
         let mut touched = Touched::default();
         let mut part = Contribution::default();
-        let (mut a, mut b) = (
-            old.service_ports.iter().peekable(),
-            plan.service_ports.iter().peekable(),
-        );
+        let mut a = old.service_ports.iter().peekable();
+        let mut b = plan.service_ports.iter().enumerate().peekable();
         loop {
             let order = match (a.peek(), b.peek()) {
                 (None, None) => break,
                 (Some(_), None) => std::cmp::Ordering::Less,
                 (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some(o), Some(n)) => o.key.cmp(&n.key),
+                (Some(o), Some((_, n))) => o.key.cmp(&n.key),
             };
             match order {
                 std::cmp::Ordering::Less => {
                     if let Some(o) = a.next() {
                         self.remove(o, &mut part, &mut touched);
+                        delta.changed.removed.push(o.key.clone());
                         delta.entries_changed += 1;
                     }
                 }
                 std::cmp::Ordering::Greater => {
-                    if let Some(n) = b.next() {
+                    if let Some((i, n)) = b.next() {
                         self.add(n, &mut part, &mut delta.servers, Some(&mut touched));
+                        delta.changed.updated.push(i);
                         delta.entries_changed += 1;
                     }
                 }
                 std::cmp::Ordering::Equal => {
-                    if let (Some(o), Some(n)) = (a.next(), b.next())
+                    if let (Some(o), Some((i, n))) = (a.next(), b.next())
                         && o != n
                     {
                         self.remove(o, &mut part, &mut touched);
                         self.add(n, &mut part, &mut delta.servers, Some(&mut touched));
+                        delta.changed.updated.push(i);
                         delta.entries_changed += 1;
                     }
                 }
