@@ -12,6 +12,7 @@ pub mod codec;
 pub mod dataplane;
 pub mod desired;
 pub mod ipset;
+pub mod ipset_netlink;
 pub mod kernel;
 pub mod netlink;
 pub mod render;
