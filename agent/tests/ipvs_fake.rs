@@ -1,7 +1,7 @@
 //! ipvs mode against fakes: the renderer's decisions (which VIPs, virtual servers and set
 //! entries a plan becomes) and the dataplane's diff, graceful termination, dry run and
-//! clean-up, with an in-memory IPVS ([`FakeIpvsKernel`]), the iptables fake and a small
-//! in-memory ipset. The same behaviours run against the real kernel in the VM
+//! clean-up, with an in-memory IPVS and ipset ([`FakeIpvsKernel`]) and the iptables
+//! fake. The same behaviours run against the real kernel in the VM
 //! (`ipvs_kernel.rs`, and `traffic.rs` in ipvs mode).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,14 +9,13 @@
 mod support;
 
 use std::net::IpAddr;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
+use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-use proxyplan_agent::iptables::{BackendChoice, CommandOutput, Ruleset, Runner};
+use proxyplan_agent::iptables::{BackendChoice, Ruleset};
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::ipset::{self, SetEntry, Sets};
+use proxyplan_agent::ipvs::ipset::SetEntry;
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::ipvs::render::{
     IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
@@ -48,97 +47,21 @@ fn key(protocol: u16, addr: &str, port: u16) -> VirtualServerKey {
     }
 }
 
-/// The iptables fake plus an in-memory ipset that understands `save` and `restore`.
-struct Tools {
-    iptables: FakeKernel,
-    sets: Mutex<Sets>,
-}
+/// The iptables fake: ipsets live in [`FakeIpvsKernel`] (netlink, like the real one).
+type Tools = FakeKernel;
 
-impl Tools {
-    fn new() -> Self {
-        Self {
-            iptables: FakeKernel::new(),
-            sets: Mutex::new(Sets::new()),
-        }
-    }
-
-    fn set(&self, name: &str) -> Vec<String> {
-        self.sets
-            .lock()
-            .unwrap()
-            .get(name)
-            .map_or_else(Vec::new, |s| {
-                s.entries.iter().map(ToString::to_string).collect()
-            })
-    }
-}
-
-impl Runner for Tools {
-    fn run(
-        &self,
-        program: &str,
-        args: &[&str],
-        stdin: Option<&str>,
-    ) -> Result<CommandOutput, DataplaneError> {
-        if program != "ipset" {
-            return self.iptables.run(program, args, stdin);
-        }
-        let mut sets = self.sets.lock().unwrap();
-        let ok = |stdout: String| CommandOutput {
-            code: Some(0),
-            stdout,
-            stderr: String::new(),
-        };
-        match args.first().copied() {
-            Some("save") => {
-                let mut out = String::new();
-                for (name, set) in sets.iter() {
-                    out.push_str(&format!("create {name} {}\n", set.spec.create_options()));
-                    for entry in &set.entries {
-                        out.push_str(&format!("add {name} {entry}\n"));
-                    }
-                }
-                Ok(ok(out))
-            }
-            Some("restore") => {
-                for line in stdin.unwrap_or_default().lines() {
-                    let words: Vec<&str> = line.split_whitespace().collect();
-                    match words.as_slice() {
-                        ["create", name, ..] => {
-                            let parsed = ipset::parse_save(line);
-                            if let Some(set) = parsed.get(*name) {
-                                sets.entry((*name).to_owned())
-                                    .or_insert_with(|| set.clone());
-                            }
-                        }
-                        ["add", name, entry] => {
-                            let set = sets.get_mut(*name).unwrap();
-                            let entry = SetEntry::parse(set.spec.kind, entry).unwrap();
-                            set.entries.insert(entry);
-                        }
-                        ["del", name, entry] => {
-                            let set = sets.get_mut(*name).unwrap();
-                            let entry = SetEntry::parse(set.spec.kind, entry).unwrap();
-                            set.entries.remove(&entry);
-                        }
-                        ["destroy", name] => {
-                            sets.remove(*name);
-                        }
-                        other => panic!("unexpected ipset line {other:?}"),
-                    }
-                }
-                Ok(ok(String::new()))
-            }
-            other => panic!("unexpected ipset command {other:?}"),
-        }
-    }
+/// The entries of a set the fake kernel holds, as `ipset save` spells them.
+fn set(kernel: &FakeIpvsKernel, name: &str) -> Vec<String> {
+    kernel.sets.get(name).map_or_else(Vec::new, |s| {
+        s.entries.iter().map(ToString::to_string).collect()
+    })
 }
 
 fn dataplane(settings: IpvsSettings) -> IpvsDataplane<FakeIpvsKernel, Tools> {
     IpvsDataplane::new(
         settings,
         FakeIpvsKernel::new(ip(NODE)),
-        Tools::new(),
+        FakeKernel::new(),
         BackendChoice::Nft,
     )
 }
@@ -331,7 +254,7 @@ fn a_real_server_with_connections_waits_for_them_or_the_grace_period() {
         let mut dp = IpvsDataplane::new(
             IpvsSettings::default(),
             kernel.clone(),
-            Tools::new(),
+            FakeKernel::new(),
             BackendChoice::Nft,
         );
         dp.sync(&both, false).unwrap();
@@ -342,7 +265,7 @@ fn a_real_server_with_connections_waits_for_them_or_the_grace_period() {
         termination_grace: Duration::from_millis(300),
         ..IpvsSettings::default()
     };
-    let mut dp = IpvsDataplane::new(settings, kernel, Tools::new(), BackendChoice::Nft);
+    let mut dp = IpvsDataplane::new(settings, kernel, FakeKernel::new(), BackendChoice::Nft);
     dp.sync(&one, false).unwrap();
     assert_eq!(dp.kernel().weight(web_key, gone), Some(0), "drained, kept");
     assert_eq!(dp.draining(), 1);
@@ -376,7 +299,7 @@ fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
     let mut dp = IpvsDataplane::new(
         IpvsSettings::default(),
         kernel,
-        Tools::new(),
+        FakeKernel::new(),
         BackendChoice::Nft,
     );
     let web = plan(vec![node_port(
@@ -400,11 +323,11 @@ fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
     dp.sync(&web, false).unwrap();
     assert_eq!(dp.kernel().services.len(), 3);
     assert_eq!(
-        dp.runner().set("PROXYPLAN-CLUSTER-IP"),
+        set(dp.kernel(), "PROXYPLAN-CLUSTER-IP"),
         ["10.96.0.10,tcp:80"]
     );
     dp.cleanup().unwrap();
-    assert!(dp.runner().sets.lock().unwrap().is_empty());
+    assert!(dp.kernel().sets.is_empty());
     let left: Vec<_> = dp.kernel().services.keys().collect();
     assert_eq!(left, [&(IPPROTO_UDP, ip("198.51.100.7"), 53)]);
     assert!(!dp.kernel().links.contains_key("proxyplan-ipvs0"));
@@ -423,7 +346,7 @@ fn held(dp: &IpvsDataplane<FakeIpvsKernel, Tools>) -> IpvsState {
             .filter(|a| Some(a.index) == link)
             .map(|a| a.ip)
             .collect(),
-        sets: dp.runner().sets.lock().unwrap().clone(),
+        sets: kernel.sets.clone(),
         ..IpvsState::default()
     };
     for (service, destinations) in kernel.services.values() {

@@ -21,7 +21,8 @@ use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
 use super::desired::{ChangedEntries, Desired};
-use super::ipset::{self, SetChanges, Sets};
+use super::ipset::{SetChange, SetChanges, Sets};
+use super::ipset_netlink::{self, SetOp};
 use super::kernel::{IpvsKernel, IpvsOp};
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
 use super::{IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService};
@@ -35,6 +36,8 @@ use crate::iptables::{
 
 /// Operations sent to the kernel per netlink round (bounds memory at first apply).
 const OPS_PER_ROUND: usize = 4096;
+/// Set changes written out in a sync's report (a dry run writes all).
+const SET_LINES_SHOWN: usize = 1000;
 /// Seconds `iptables-restore` waits for the xtables lock.
 const LOCK_WAIT: &str = "5";
 
@@ -386,38 +389,83 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok(model)
     }
 
-    fn read_sets(&self) -> Result<Sets, DataplaneError> {
-        let output = self.runner.run("ipset", &["save"], None)?;
-        if !output.success() {
-            return Err(output.failure("ipset save"));
-        }
-        Ok(ipset::parse_save(&output.stdout))
+    fn read_sets(&mut self) -> Result<Sets, DataplaneError> {
+        self.kernel.sets()
     }
 
-    /// How many of the agent's sets exist (`ipset list -n`).
-    fn set_names(&self) -> Result<usize, DataplaneError> {
-        let output = self.runner.run("ipset", &["list", "-n"], None)?;
-        if !output.success() {
-            return Err(output.failure("ipset list -n"));
-        }
-        Ok(output
-            .stdout
-            .lines()
-            .filter(|n| ipset::is_owned(n.trim()))
-            .count())
+    /// How many of the agent's sets exist.
+    fn set_names(&mut self) -> Result<usize, DataplaneError> {
+        Ok(self.kernel.set_names()?.len())
     }
 
-    fn restore_sets(&self, script: &str) -> Result<(), DataplaneError> {
-        if script.is_empty() {
+    /// Sends `changes` of `sets` over netlink and writes them to `payload` (in full for a
+    /// dry run, else only the first [`SET_LINES_SHOWN`]).
+    fn send_sets(
+        &mut self,
+        sets: &SetChanges,
+        changes: &[SetChange],
+        dry_run: bool,
+        payload: &mut String,
+    ) -> Result<(), DataplaneError> {
+        if changes.is_empty() {
             return Ok(());
         }
-        let output = self
-            .runner
-            .run("ipset", &["restore", "-exist"], Some(script))?;
-        if output.success() {
-            Ok(())
+        payload.push_str("# ipset (netlink), as `ipset restore -exist` would take it\n");
+        if dry_run || changes.len() <= SET_LINES_SHOWN {
+            payload.push_str(&sets.script(changes));
         } else {
-            Err(output.failure("ipset restore -exist"))
+            payload.push_str(&sets.script(&changes[..SET_LINES_SHOWN]));
+            payload.push_str(&format!(
+                "# ... {} more set changes not shown\n",
+                changes.len() - SET_LINES_SHOWN
+            ));
+        }
+        if dry_run {
+            return Ok(());
+        }
+        let ops: Vec<SetOp<'_>> = changes
+            .iter()
+            .map(|change| {
+                let name = sets.name(change);
+                match *change {
+                    SetChange::Create(_, spec) => SetOp::Create { name, spec },
+                    SetChange::Add(_, entry) => SetOp::Add(name, entry),
+                    SetChange::Del(_, entry) => SetOp::Del(name, entry),
+                    SetChange::Destroy(_) => SetOp::Destroy(name),
+                }
+            })
+            .collect();
+        let results = self.kernel.set_ops(&ops)?;
+        let mut failures = Vec::new();
+        let mut failed = 0;
+        for ((change, op), errno) in changes.iter().zip(&ops).zip(results) {
+            // Deleting an entry that is already gone is done.
+            let done = errno == 0
+                || (matches!(op, SetOp::Del(..)) && errno == -ipset_netlink::IPSET_ERR_EXIST);
+            if done {
+                continue;
+            }
+            failed += 1;
+            if failures.len() < 5 {
+                let hint = if matches!(op, SetOp::Create { .. }) && errno == -17 {
+                    " (a set of that name exists with another type or family: run \
+                     `proxyplan-agent cleanup --mode ipvs` and restart the agent)"
+                } else {
+                    ""
+                };
+                failures.push(format!(
+                    "{}: {}{hint}",
+                    sets.script(std::slice::from_ref(change)).trim_end(),
+                    ipset_netlink::error_name(errno)
+                ));
+            }
+        }
+        match failures.first() {
+            None => Ok(()),
+            Some(first) => Err(DataplaneError::Io {
+                context: format!("the kernel refused {failed} ipset change(s), first: {first}"),
+                source: std::io::Error::other(failures.join("; ")),
+            }),
         }
     }
 
@@ -654,14 +702,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             entries,
         } = changes;
         // 1. ipsets: create and fill before any rule uses them.
-        if !sets.before.is_empty() {
-            report.payload.push_str("# ipset restore -exist\n");
-            report.payload.push_str(&sets.before);
-            if !dry_run {
-                self.restore_sets(&sets.before)?;
-            }
-        }
-        report.changed += sets.changed;
+        self.send_sets(&sets, &sets.before, dry_run, &mut report.payload)?;
+        report.changed += sets.changed();
         // 2. VIP addresses.
         self.change_addresses(model, &add_vips, true, dry_run, report)?;
         // 3. IPVS.
@@ -702,13 +744,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         // 5. VIPs nothing wants any more.
         self.change_addresses(model, &del_vips, false, dry_run, report)?;
         // 6. Sets nothing uses any more.
-        if !sets.after.is_empty() {
-            report.payload.push_str("# ipset restore -exist\n");
-            report.payload.push_str(&sets.after);
-            if !dry_run {
-                self.restore_sets(&sets.after)?;
-            }
-        }
+        self.send_sets(&sets, &sets.after, dry_run, &mut report.payload)?;
         if !dry_run && let Some(desired) = desired {
             self.desired = desired;
         }
@@ -1131,9 +1167,8 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
             report.changed += 1 + model.vips.len();
         }
         let destroy = SetChanges::between(&Sets::new(), &model.sets.take().unwrap_or_default());
-        self.restore_sets(&destroy.after)?;
-        report.payload.push_str(&destroy.after);
-        report.changed += destroy.changed;
+        self.send_sets(&destroy, &destroy.after, false, &mut report.payload)?;
+        report.changed += destroy.changed();
         self.invalidate();
         self.udp.reset();
         self.draining.clear();

@@ -235,45 +235,102 @@ pub fn parse_save(text: &str) -> Sets {
     sets
 }
 
-/// The `ipset restore` scripts that bring `kernel` to `desired`: `before` creates sets
-/// and changes entries (run before the iptables rules that use them), `after` destroys
-/// sets nothing wants any more (run after the rules that used them are gone).
+/// One change to the agent's sets; the set is an index into [`SetChanges::names`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetChange {
+    /// Create the set.
+    Create(usize, SetSpec),
+    /// Add an entry.
+    Add(usize, SetEntry),
+    /// Delete an entry.
+    Del(usize, SetEntry),
+    /// Destroy the set.
+    Destroy(usize),
+}
+
+/// The set changes that bring `kernel` to `desired`: `before` creates sets and changes
+/// entries (sent before the iptables rules that use them), `after` destroys sets nothing
+/// wants any more (sent after the rules that used them are gone). Each change names its
+/// set by index, so a first apply's 150,000 additions hold no name each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetChanges {
+    /// The sets changed.
+    pub names: Vec<String>,
     /// Creates, adds and dels.
-    pub before: String,
+    pub before: Vec<SetChange>,
     /// Destroys.
-    pub after: String,
-    /// Number of sets created or destroyed plus entries added or deleted.
-    pub changed: usize,
+    pub after: Vec<SetChange>,
     /// Sets whose type differs from the wanted one (they must be removed first).
     pub mismatched: Vec<String>,
 }
 
 impl SetChanges {
+    fn index(&mut self, name: &str) -> usize {
+        match self.names.iter().rposition(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name.to_owned());
+                self.names.len() - 1
+            }
+        }
+    }
+
     /// Creates set `name`.
     pub fn create(&mut self, name: &str, spec: SetSpec) {
-        self.before
-            .push_str(&format!("create {name} {}\n", spec.create_options()));
-        self.changed += 1;
+        let i = self.index(name);
+        self.before.push(SetChange::Create(i, spec));
     }
 
     /// Adds `entry` to set `name`.
     pub fn add(&mut self, name: &str, entry: &SetEntry) {
-        self.before.push_str(&format!("add {name} {entry}\n"));
-        self.changed += 1;
+        let i = self.index(name);
+        self.before.push(SetChange::Add(i, *entry));
     }
 
     /// Deletes `entry` from set `name`.
     pub fn del(&mut self, name: &str, entry: &SetEntry) {
-        self.before.push_str(&format!("del {name} {entry}\n"));
-        self.changed += 1;
+        let i = self.index(name);
+        self.before.push(SetChange::Del(i, *entry));
     }
 
     /// Destroys set `name` (after the rules that used it are gone).
     pub fn destroy(&mut self, name: &str) {
-        self.after.push_str(&format!("destroy {name}\n"));
-        self.changed += 1;
+        let i = self.index(name);
+        self.after.push(SetChange::Destroy(i));
+    }
+
+    /// Number of sets created or destroyed plus entries added or deleted.
+    #[must_use]
+    pub fn changed(&self) -> usize {
+        self.before.len() + self.after.len()
+    }
+
+    /// The name of a change's set.
+    #[must_use]
+    pub fn name(&self, change: &SetChange) -> &str {
+        let (SetChange::Create(i, _)
+        | SetChange::Add(i, _)
+        | SetChange::Del(i, _)
+        | SetChange::Destroy(i)) = *change;
+        self.names.get(i).map_or("", String::as_str)
+    }
+
+    /// `changes` as an `ipset restore` script, for dry runs and logs.
+    #[must_use]
+    pub fn script(&self, changes: &[SetChange]) -> String {
+        let mut out = String::new();
+        for change in changes {
+            let name = self.name(change);
+            let line = match change {
+                SetChange::Create(_, spec) => format!("create {name} {}", spec.create_options()),
+                SetChange::Add(_, entry) => format!("add {name} {entry}"),
+                SetChange::Del(_, entry) => format!("del {name} {entry}"),
+                SetChange::Destroy(_) => format!("destroy {name}"),
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
     }
 
     /// Compares `desired` with `kernel`.
@@ -413,14 +470,14 @@ create PROXYPLAN-OLD hash:ip family inet hashsize 1024 maxelem 65536
         );
         let changes = SetChanges::between(&desired, &kernel);
         assert_eq!(
-            changes.before,
+            changes.script(&changes.before),
             "add PROXYPLAN-CLUSTER-IP 10.96.0.12,tcp:8080\n\
              del PROXYPLAN-CLUSTER-IP 10.96.0.11,udp:53\n\
              create PROXYPLAN-DROP hash:ip,port family inet hashsize 1024 maxelem 1048576\n"
         );
-        assert_eq!(changes.after, "destroy PROXYPLAN-OLD\n");
+        assert_eq!(changes.script(&changes.after), "destroy PROXYPLAN-OLD\n");
         assert_eq!(changes.mismatched, ["PROXYPLAN6-LB-SRC-CIDR"]);
-        assert_eq!(changes.changed, 4);
+        assert_eq!(changes.changed(), 4);
         assert!(SetChanges::between(&kernel, &kernel).is_empty());
     }
 }

@@ -1257,6 +1257,22 @@ impl IpsetNetlink {
         Ok(results)
     }
 
+    /// The names of every set that [`is_owned`] (one dump of names, no entries).
+    ///
+    /// # Errors
+    /// When the socket fails, the kernel refuses the dump, or a reply is malformed.
+    pub fn names(&mut self) -> io::Result<Vec<String>> {
+        let names = self.socket.dump(list_names_request(0))?;
+        let mut owned = Vec::new();
+        for msg in each_message(&names).map_err(invalid_data)? {
+            let msg = decode_list_message(msg).map_err(invalid_data)?;
+            if is_owned(&msg.name) {
+                owned.push(msg.name);
+            }
+        }
+        Ok(owned)
+    }
+
     /// Every set whose name [`is_owned`], with its spec and entries: one dump of the
     /// names, then one dump per owned set (sets of others are never read, however
     /// large). A set destroyed in between is left out; one of a type we do not create
@@ -1266,16 +1282,8 @@ impl IpsetNetlink {
     /// # Errors
     /// When the socket fails, the kernel refuses a dump, or a reply is malformed.
     pub fn list(&mut self) -> io::Result<Sets> {
-        let names = self.socket.dump(list_names_request(0))?;
-        let mut owned = Vec::new();
-        for msg in each_message(&names).map_err(invalid_data)? {
-            let msg = decode_list_message(msg).map_err(invalid_data)?;
-            if is_owned(&msg.name) {
-                owned.push(msg.name);
-            }
-        }
         let mut sets = Sets::new();
-        for name in owned {
+        for name in self.names()? {
             let request = list_set_request(&name, 0)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             let listing = match self.socket.dump(request) {

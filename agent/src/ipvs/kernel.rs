@@ -17,6 +17,8 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 
 use super::codec::{self, NetlinkBody};
+use super::ipset::Sets;
+use super::ipset_netlink::{IpsetNetlink, SetOp};
 use super::netlink::NetlinkSocket;
 use super::{IPVS_GENL_NAME, IpvsDestination, IpvsService};
 use crate::dataplane::DataplaneError;
@@ -158,6 +160,25 @@ pub trait IpvsKernel {
     /// # Errors
     /// When it cannot be written.
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError>;
+
+    /// Changes the agent's ipsets: one errno per op (0 when done; see
+    /// [`super::ipset_netlink`] for what the others mean).
+    ///
+    /// # Errors
+    /// When the kernel cannot be asked at all (a refused op is not an error here).
+    fn set_ops(&mut self, ops: &[SetOp<'_>]) -> Result<Vec<i32>, DataplaneError>;
+
+    /// The agent's ipsets with their entries.
+    ///
+    /// # Errors
+    /// When the kernel cannot be asked.
+    fn sets(&mut self) -> Result<Sets, DataplaneError>;
+
+    /// The names of the agent's ipsets.
+    ///
+    /// # Errors
+    /// When the kernel cannot be asked.
+    fn set_names(&mut self) -> Result<Vec<String>, DataplaneError>;
 }
 
 fn io_error(context: impl Into<String>, source: io::Error) -> DataplaneError {
@@ -175,6 +196,7 @@ fn io_error(context: impl Into<String>, source: io::Error) -> DataplaneError {
 pub struct NetlinkKernel {
     genl: Option<(NetlinkSocket, u16)>,
     route: Option<NetlinkSocket>,
+    ipset: Option<IpsetNetlink>,
     netns: Option<std::path::PathBuf>,
 }
 
@@ -211,16 +233,18 @@ impl NetlinkKernel {
     /// When the namespace cannot be entered or the sockets cannot be opened there.
     pub fn in_netns(name: &str) -> Result<Self, DataplaneError> {
         let path = std::path::Path::new("/run/netns").join(name);
-        let (genl, route) = in_namespace(&path, || {
+        let (genl, route, ipset) = in_namespace(&path, || {
             Ok((
                 NetlinkSocket::open(NETLINK_GENERIC)?,
                 NetlinkSocket::open(NETLINK_ROUTE)?,
+                IpsetNetlink::open()?,
             ))
         })
         .map_err(|e| io_error(format!("opening netlink sockets in {}", path.display()), e))?;
         let mut kernel = Self {
             genl: None,
             route: Some(route),
+            ipset: Some(ipset),
             netns: Some(path),
         };
         kernel.resolve(genl)?;
@@ -274,6 +298,18 @@ impl NetlinkKernel {
         match self.genl.as_mut() {
             Some((socket, id)) => Ok((socket, *id)),
             None => Err(io_error("IPVS socket", io::Error::other("not open"))),
+        }
+    }
+
+    fn ipset(&mut self) -> Result<&mut IpsetNetlink, DataplaneError> {
+        if self.ipset.is_none() {
+            let socket = IpsetNetlink::open()
+                .map_err(|e| io_error("opening a netfilter netlink socket for ipset", e))?;
+            self.ipset = Some(socket);
+        }
+        match self.ipset.as_mut() {
+            Some(socket) => Ok(socket),
+            None => Err(io_error("ipset socket", io::Error::other("not open"))),
         }
     }
 
@@ -542,5 +578,23 @@ impl IpvsKernel for NetlinkKernel {
         let path = format!("/proc/sys/{name}");
         self.sysctl_io(|| std::fs::write(&path, value))
             .map_err(|e| io_error(format!("writing {value} to {path}"), e))
+    }
+
+    fn set_ops(&mut self, ops: &[SetOp<'_>]) -> Result<Vec<i32>, DataplaneError> {
+        self.ipset()?
+            .execute(ops)
+            .map_err(|e| io_error("changing ipsets over netlink", e))
+    }
+
+    fn sets(&mut self) -> Result<Sets, DataplaneError> {
+        self.ipset()?
+            .list()
+            .map_err(|e| io_error("listing ipsets over netlink", e))
+    }
+
+    fn set_names(&mut self) -> Result<Vec<String>, DataplaneError> {
+        self.ipset()?
+            .names()
+            .map_err(|e| io_error("listing ipset names over netlink", e))
     }
 }

@@ -8,6 +8,8 @@ use std::net::IpAddr;
 
 use super::{InterfaceAddress, IpvsKernel, IpvsOp};
 use crate::dataplane::DataplaneError;
+use crate::ipvs::ipset::{IpSet, Sets};
+use crate::ipvs::ipset_netlink::SetOp;
 use crate::ipvs::{IpvsDestination, IpvsService};
 
 type ServiceKey = (u16, IpAddr, u16);
@@ -29,6 +31,8 @@ pub struct FakeIpvsKernel {
     pub addresses: Vec<InterfaceAddress>,
     /// Sysctls.
     pub sysctls: BTreeMap<String, String>,
+    /// ipsets.
+    pub sets: Sets,
     /// Every IPVS operation executed, as text.
     pub log: Vec<String>,
 }
@@ -213,5 +217,59 @@ impl IpvsKernel for FakeIpvsKernel {
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError> {
         self.sysctls.insert(name.to_owned(), value.to_owned());
         Ok(())
+    }
+
+    /// The kernel's answers: an identical set created again, an entry added again and a
+    /// missing set destroyed are done (0); another set of the same name is `EEXIST`, a
+    /// missing set `ENOENT`, a missing entry deleted `IPSET_ERR_EXIST`.
+    fn set_ops(&mut self, ops: &[SetOp<'_>]) -> Result<Vec<i32>, DataplaneError> {
+        const ENOENT: i32 = -2;
+        const EEXIST: i32 = -17;
+        const IPSET_ERR_EXIST: i32 = -4103;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let errno = match *op {
+                SetOp::Create { name, spec } => match self.sets.get(name) {
+                    Some(set) if set.spec != spec => EEXIST,
+                    Some(_) => 0,
+                    None => {
+                        self.sets
+                            .insert(name.to_owned(), IpSet::new(spec.kind, spec.ipv6));
+                        0
+                    }
+                },
+                SetOp::Destroy(name) => {
+                    self.sets.remove(name);
+                    0
+                }
+                SetOp::Add(name, entry) => match self.sets.get_mut(name) {
+                    Some(set) => {
+                        set.entries.insert(entry);
+                        0
+                    }
+                    None => ENOENT,
+                },
+                SetOp::Del(name, entry) => match self.sets.get_mut(name) {
+                    Some(set) => {
+                        if set.entries.remove(&entry) {
+                            0
+                        } else {
+                            IPSET_ERR_EXIST
+                        }
+                    }
+                    None => ENOENT,
+                },
+            };
+            out.push(errno);
+        }
+        Ok(out)
+    }
+
+    fn sets(&mut self) -> Result<Sets, DataplaneError> {
+        Ok(self.sets.clone())
+    }
+
+    fn set_names(&mut self) -> Result<Vec<String>, DataplaneError> {
+        Ok(self.sets.keys().cloned().collect())
     }
 }
