@@ -120,8 +120,6 @@ pub struct VirtualServer {
     pub persistence: Option<u32>,
     /// Its real servers, sorted, each with weight 1.
     pub real_servers: Vec<RealServer>,
-    /// The plan entry it serves, for logs.
-    pub key: String,
 }
 
 /// The whole desired ipvs-mode state.
@@ -373,7 +371,6 @@ pub fn contribute(e: &ServicePortPlan, node: &NodeContext, out: &mut Contributio
     let server = |real_servers: Vec<RealServer>| VirtualServer {
         persistence: e.session_affinity.map(|a| a.timeout_seconds),
         real_servers,
-        key: e.key.clone(),
     };
     let vs_key = |addr: IpAddr, port: u16| VirtualServerKey {
         protocol: ipproto(e.protocol),
