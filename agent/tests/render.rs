@@ -474,7 +474,9 @@ fn without_local_detection_cluster_ip_traffic_keeps_its_source() {
     let mut plan = flows::plan(Node::B);
     plan.local_traffic.cidrs.clear();
     for entry in &mut plan.service_ports {
-        entry.masquerade.off_cluster_to_cluster_ip = false;
+        std::sync::Arc::make_mut(entry)
+            .masquerade
+            .off_cluster_to_cluster_ip = false;
     }
     let rules = render(&plan, &RenderSettings::default());
     let tracer = Tracer::new(&rules.v4, &Node::B.local_addresses()).unwrap();

@@ -9,6 +9,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::iptables::cache::{CachedChain, RenderCache};
@@ -203,12 +204,14 @@ fn cached_rendering_equals_render_through_changes() {
     // Not what merge() makes: entries out of order, and two entries sharing a key.
     let mut odd = full.clone();
     odd.service_ports.reverse();
-    let mut twin = odd.service_ports[3].clone();
+    let mut twin = (*odd.service_ports[3]).clone();
     twin.cluster_endpoints.truncate(1);
     twin.port += 1;
-    odd.service_ports.insert(7, twin);
+    odd.service_ports.insert(7, Arc::new(twin));
     check(&mut cache, &mut node, &odd, &settings);
-    odd.service_ports[7].cluster_endpoints.clear();
+    Arc::make_mut(&mut odd.service_ports[7])
+        .cluster_endpoints
+        .clear();
     check(&mut cache, &mut node, &odd, &settings);
     check(&mut cache, &mut node, &full, &settings);
 }

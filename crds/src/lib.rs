@@ -22,7 +22,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use revision::{revision_of, stable_hash};
-pub use validate::{MergedPlan, PlanError, merge};
+pub use validate::{MergeCache, MergedPlan, PlanError, merge, merge_cached};
 
 /// API group of every proxyplan kind.
 pub const GROUP: &str = "proxyplan.dev";

@@ -1,8 +1,9 @@
 //! Validation and merging of a node plan with its shards: the contract between the
 //! controller, which writes plans, and the agent, which must refuse a bad plan whole.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::{
     Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, ProxyPlanShard,
@@ -58,8 +59,10 @@ pub struct MergedPlan {
     pub addresses: Vec<IpAddr>,
     /// Local-traffic detection.
     pub local_traffic: LocalTrafficDetection,
-    /// Every service port entry, overlays applied, sorted by key.
-    pub service_ports: Vec<ServicePortPlan>,
+    /// Every service port entry, overlays applied, sorted by key. Shared: an entry that
+    /// did not change since an earlier merge with the same [`MergeCache`] is the same
+    /// allocation.
+    pub service_ports: Vec<Arc<ServicePortPlan>>,
 }
 
 /// Validates `plan` and the `shards` it names, and merges them: node overlay over zone
@@ -68,6 +71,55 @@ pub struct MergedPlan {
 /// # Errors
 /// The first problem found, naming the object and field.
 pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPlan, PlanError> {
+    merge_cached(plan, shards, &mut MergeCache::default())
+}
+
+/// The validated entries of cluster shards from earlier merges, by shard name and
+/// `resourceVersion`: a shard seen again unchanged is neither validated nor copied again,
+/// and its entries are shared (one [`Arc`] each) with the earlier merged plans, so a
+/// consumer can tell unchanged entries by pointer.
+#[derive(Debug, Default)]
+pub struct MergeCache {
+    shards: HashMap<String, CachedShard>,
+}
+
+#[derive(Debug)]
+struct CachedShard {
+    resource_version: String,
+    entries: Vec<Arc<ServicePortPlan>>,
+}
+
+impl MergeCache {
+    /// An empty cache.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many shards it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Whether it holds no shard.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+}
+
+/// [`merge`], reusing (and refreshing) `cache`: only cluster shards whose
+/// `resourceVersion` changed since the cache saw them are validated and copied. Objects
+/// without a `resourceVersion` (read from files) are never cached.
+///
+/// # Errors
+/// As [`merge`].
+pub fn merge_cached(
+    plan: &NodeProxyPlan,
+    shards: &[ProxyPlanShard],
+    cache: &mut MergeCache,
+) -> Result<MergedPlan, PlanError> {
     let plan_name = kube::ResourceExt::name_any(plan);
     let object = format!("NodeProxyPlan/{plan_name}");
     let spec = &plan.spec;
@@ -86,13 +138,15 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
         addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
     }
 
-    let by_name: BTreeMap<String, &ProxyPlanShard> = shards
+    let by_name: HashMap<String, &ProxyPlanShard> = shards
         .iter()
         .map(|s| (kube::ResourceExt::name_any(s), s))
         .collect();
-    let mut entries: BTreeMap<String, ServicePortPlan> = BTreeMap::new();
+    // Every cluster entry with where it came from: (entry, shard, index in the shard).
+    let mut entries: Vec<(Arc<ServicePortPlan>, usize, usize)> = Vec::new();
     let mut zone_overrides = Vec::new();
     let mut shard_revisions = BTreeMap::new();
+    let mut used = HashSet::new();
     for (index, shard_ref) in spec.shards.iter().enumerate() {
         let Some(shard) = by_name.get(&shard_ref.name) else {
             return Err(PlanError::MissingShard {
@@ -107,13 +161,45 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
         };
         match shard.spec.scope {
             ShardScope::Cluster => {
-                for (i, entry) in shard.spec.service_ports.iter().enumerate() {
-                    shard_check.entry(&|| format!("spec.servicePorts[{i}]"), entry)?;
-                    if entries.insert(entry.key.clone(), entry.clone()).is_some() {
-                        return Err(shard_check.fail(
-                            &|| format!("spec.servicePorts[{i}].key"),
-                            &format!("duplicate key {}", entry.key),
-                        ));
+                used.insert(shard_ref.name.as_str());
+                let version = shard.metadata.resource_version.as_deref();
+                let cached = cache
+                    .shards
+                    .get(&shard_ref.name)
+                    .filter(|c| Some(c.resource_version.as_str()) == version);
+                if let Some(cached) = cached {
+                    entries.extend(
+                        cached
+                            .entries
+                            .iter()
+                            .enumerate()
+                            .map(|(i, e)| (Arc::clone(e), index, i)),
+                    );
+                } else {
+                    let mut fresh = Vec::with_capacity(shard.spec.service_ports.len());
+                    for (i, entry) in shard.spec.service_ports.iter().enumerate() {
+                        shard_check.entry(&|| format!("spec.servicePorts[{i}]"), entry)?;
+                        fresh.push(Arc::new(entry.clone()));
+                    }
+                    entries.extend(
+                        fresh
+                            .iter()
+                            .enumerate()
+                            .map(|(i, e)| (Arc::clone(e), index, i)),
+                    );
+                    match version {
+                        Some(version) => {
+                            cache.shards.insert(
+                                shard_ref.name.clone(),
+                                CachedShard {
+                                    resource_version: version.to_owned(),
+                                    entries: fresh,
+                                },
+                            );
+                        }
+                        None => {
+                            cache.shards.remove(&shard_ref.name);
+                        }
                     }
                 }
             }
@@ -134,6 +220,19 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
         }
         shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
     }
+    cache.shards.retain(|name, _| used.contains(name.as_str()));
+    // By key; equal keys stay in shard order, so the later one is the duplicate.
+    entries.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    if let Some(pair) = entries.windows(2).find(|w| w[0].0.key == w[1].0.key) {
+        let (entry, shard, i) = &pair[1];
+        let name = spec.shards.get(*shard).map_or("", |s| s.name.as_str());
+        return Err(PlanError::InvalidField {
+            object: format!("ProxyPlanShard/{name}"),
+            field: format!("spec.servicePorts[{i}].key"),
+            reason: format!("duplicate key {}", entry.key),
+        });
+    }
+    let mut entries: Vec<Arc<ServicePortPlan>> = entries.into_iter().map(|(e, ..)| e).collect();
     for (object, i, o) in zone_overrides {
         apply_override(
             &Checker { object: &object },
@@ -151,36 +250,40 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
         shard_revisions,
         addresses,
         local_traffic: spec.local_traffic.clone(),
-        service_ports: entries.into_values().collect(),
+        service_ports: entries,
     })
 }
 
 fn apply_override(
     check: &Checker<'_>,
     field: &impl Field,
-    entries: &mut BTreeMap<String, ServicePortPlan>,
+    entries: &mut [Arc<ServicePortPlan>],
     o: &EndpointOverride,
 ) -> Result<(), PlanError> {
-    let Some(entry) = entries.get_mut(&o.key) else {
+    let found = entries.binary_search_by(|e| e.key.as_str().cmp(o.key.as_str()));
+    let Some(entry) = found.ok().and_then(|i| entries.get_mut(i)) else {
         return Err(check.fail(
             &|| format!("{}.key", field.path()),
             &format!("no service port {}", o.key),
         ));
     };
+    let family = entry.family;
     if let Some(list) = &o.cluster_endpoints {
         check.endpoints(
             &|| format!("{}.clusterEndpoints", field.path()),
             list,
-            entry.family,
+            family,
         )?;
+    }
+    if let Some(list) = &o.local_endpoints {
+        check.endpoints(&|| format!("{}.localEndpoints", field.path()), list, family)?;
+    }
+    // Copied only now: the cached entry stays as the shard has it.
+    let entry = Arc::make_mut(entry);
+    if let Some(list) = &o.cluster_endpoints {
         entry.cluster_endpoints.clone_from(list);
     }
     if let Some(list) = &o.local_endpoints {
-        check.endpoints(
-            &|| format!("{}.localEndpoints", field.path()),
-            list,
-            entry.family,
-        )?;
         entry.local_endpoints.clone_from(list);
     }
     Ok(())

@@ -1,10 +1,14 @@
 //! `merge`: layering and the errors that name the object and field.
 
+#![allow(clippy::expect_used)]
+
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
-    MasqueradePlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol, ProxyPlanShard,
-    ProxyPlanShardSpec, ServicePortPlan, ShardRef, ShardScope, TrafficPlan, TrafficPolicy, merge,
+    MasqueradePlan, MergeCache, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
+    ProxyPlanShard, ProxyPlanShardSpec, ServicePortPlan, ShardRef, ShardScope, TrafficPlan,
+    TrafficPolicy, merge, merge_cached,
 };
+use std::sync::Arc;
 
 fn ep(ip: &str, port: u16) -> Endpoint {
     Endpoint {
@@ -220,4 +224,103 @@ fn errors_name_the_object_and_the_field() {
         err.to_string(),
         "ProxyPlanShard/cluster-0: spec.servicePorts[0].nodePort: port must be between 1 and 65535"
     );
+}
+
+fn find<'a>(merged: &'a proxyplan_crds::MergedPlan, key: &str) -> &'a Arc<ServicePortPlan> {
+    merged
+        .service_ports
+        .iter()
+        .find(|e| e.key == key)
+        .expect("entry")
+}
+
+fn versioned(mut shard: ProxyPlanShard, version: &str) -> ProxyPlanShard {
+    shard.metadata.resource_version = Some(version.into());
+    shard
+}
+
+#[test]
+fn a_key_in_two_cluster_shards_names_the_later_one() {
+    let a = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
+    let b = cluster_shard(
+        "cluster-1",
+        vec![
+            entry("default/a:http/TCP/IPv4", "10.96.0.2", vec![]),
+            entry(KEY, "10.96.0.3", vec![]),
+        ],
+    );
+    let err = merge(&plan(&["cluster-0", "cluster-1"], vec![]), &[a, b]).expect_err("dup");
+    assert_eq!(
+        err.to_string(),
+        format!("ProxyPlanShard/cluster-1: spec.servicePorts[1].key: duplicate key {KEY}")
+    );
+}
+
+#[test]
+fn merge_cached_shares_unchanged_entries_and_checks_changed_shards_again() {
+    let other = "default/other:http/TCP/IPv4";
+    let one = versioned(
+        cluster_shard(
+            "cluster-0",
+            vec![entry(KEY, "10.96.0.1", vec![ep("10.0.0.1", 80)])],
+        ),
+        "1",
+    );
+    let two = versioned(
+        cluster_shard(
+            "cluster-1",
+            vec![entry(other, "10.96.0.2", vec![ep("10.0.0.2", 80)])],
+        ),
+        "1",
+    );
+    let overlay = vec![EndpointOverride {
+        key: other.into(),
+        cluster_endpoints: None,
+        local_endpoints: Some(vec![ep("10.0.0.2", 80)]),
+    }];
+    let p = plan(&["cluster-0", "cluster-1"], overlay);
+    let mut cache = MergeCache::new();
+    let first = merge_cached(&p, &[one.clone(), two.clone()], &mut cache).expect("merges");
+    assert_eq!(
+        first,
+        merge(&p, &[one.clone(), two.clone()]).expect("merges")
+    );
+    assert_eq!(cache.len(), 2);
+
+    // cluster-0 changes: its entry is new, and the overlaid entry of cluster-1 is a copy
+    // made by this merge (the cached one keeps the shard's content).
+    let mut changed = one.clone();
+    changed.spec.service_ports[0]
+        .cluster_endpoints
+        .push(ep("10.0.0.3", 80));
+    let changed = versioned(changed, "2");
+    let second = merge_cached(&p, &[changed.clone(), two.clone()], &mut cache).expect("merges");
+    assert_eq!(second, merge(&p, &[changed, two.clone()]).expect("merges"));
+    assert!(!Arc::ptr_eq(find(&first, KEY), find(&second, KEY)));
+    assert_eq!(find(&second, other).local_endpoints, [ep("10.0.0.2", 80)]);
+
+    // Nothing changes: the unchanged shard's entries are the same allocations.
+    let plain = plan(&["cluster-0", "cluster-1"], vec![]);
+    let third = merge_cached(&plain, &[one.clone(), two.clone()], &mut cache).expect("merges");
+    let fourth = merge_cached(&plain, &[one.clone(), two.clone()], &mut cache).expect("merges");
+    assert!(Arc::ptr_eq(find(&third, KEY), find(&fourth, KEY)));
+    assert!(Arc::ptr_eq(find(&third, other), find(&fourth, other)));
+    assert!(
+        find(&third, other).local_endpoints.is_empty(),
+        "the overlay stays out of the cache"
+    );
+
+    // A bad entry in a changed shard is refused even though the shard was cached.
+    let mut bad = one.clone();
+    bad.spec.service_ports[0].cluster_ip = "10.96.0".into();
+    let bad = versioned(bad, "3");
+    let err = merge_cached(&plain, &[bad, two.clone()], &mut cache).expect_err("bad");
+    assert!(
+        err.to_string().contains("spec.servicePorts[0].clusterIP"),
+        "{err}"
+    );
+
+    // Shards no longer named leave the cache.
+    merge_cached(&plan(&["cluster-1"], vec![]), &[two], &mut cache).expect("merges");
+    assert_eq!(cache.len(), 1);
 }

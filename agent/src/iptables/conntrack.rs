@@ -605,7 +605,7 @@ mod tests {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
             },
-            service_ports: entries,
+            service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
         })
     }
 
@@ -664,7 +664,7 @@ mod tests {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
             },
-            service_ports: entries.to_vec(),
+            service_ports: entries.iter().cloned().map(std::sync::Arc::new).collect(),
         }
     }
 

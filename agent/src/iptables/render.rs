@@ -78,6 +78,7 @@ impl<'p> FamilyInputs<'p> {
                 .service_ports
                 .iter()
                 .filter(|e| e.family == family)
+                .map(AsRef::as_ref)
                 .collect(),
             local_cidr: plan
                 .local_traffic

@@ -185,7 +185,10 @@ impl Desired {
                     }
                 }
                 std::cmp::Ordering::Equal => {
+                    // The same allocation (merge_cached shares unchanged entries)
+                    // is the same entry; otherwise compare.
                     if let (Some(o), Some((i, n))) = (a.next(), b.next())
+                        && !Arc::ptr_eq(o, n)
                         && o != n
                     {
                         self.remove(o, &mut part, &mut touched);

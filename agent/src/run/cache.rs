@@ -9,7 +9,9 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
-use proxyplan_crds::{MergedPlan, NodeProxyPlan, PlanError, ProxyPlanShard, merge, zone_slug};
+use proxyplan_crds::{
+    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ProxyPlanShard, merge_cached, zone_slug,
+};
 
 /// Which watch a shard came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +118,9 @@ pub struct PlanCache {
     zone_watch: Option<String>,
     zone_listed: bool,
     zone_relist: Option<Vec<ProxyPlanShard>>,
+    /// Cluster shards already validated, so a merge after one shard changed checks and
+    /// copies only that shard.
+    merges: std::sync::Mutex<MergeCache>,
 }
 
 impl PlanCache {
@@ -313,7 +318,12 @@ impl PlanCache {
                 missing,
             };
         }
-        match merge(plan, &self.shards.shards) {
+        // The cache only saves work: a poisoned lock (a panic mid-merge) starts afresh.
+        let mut cache = self
+            .merges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match merge_cached(plan, &self.shards.shards, &mut cache) {
             Ok(merged) => PlanOutcome::Merged(Arc::new(merged)),
             Err(error) => PlanOutcome::Invalid {
                 revision: plan.spec.revision.clone(),

@@ -399,7 +399,7 @@ mod tests {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: Vec::new(),
             },
-            service_ports: entries,
+            service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
         }
     }
 

@@ -843,7 +843,7 @@ pub fn merged(node: Node, mut ports: Vec<ServicePortPlan>) -> MergedPlan {
             mode: LocalTrafficMode::ClusterCIDR,
             cidrs: CLUSTER_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
         },
-        service_ports: ports,
+        service_ports: ports.into_iter().map(std::sync::Arc::new).collect(),
     }
 }
 

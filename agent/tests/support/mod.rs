@@ -90,7 +90,7 @@ pub fn plan(mut entries: Vec<ServicePortPlan>) -> MergedPlan {
             mode: LocalTrafficMode::ClusterCIDR,
             cidrs: vec!["10.244.0.0/16".into(), "fd00:10:244::/56".into()],
         },
-        service_ports: entries,
+        service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
     }
 }
 
