@@ -21,7 +21,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -34,7 +33,7 @@ use proxyplan_agent::ipvs::kernel::NetlinkKernel;
 use proxyplan_agent::ipvs::render::IpvsSettings;
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
+use proxyplan_crds::{MergeCache, MergedPlan, NodeProxyPlan, ProxyPlanShard, merge_cached};
 
 const NODE: &str = "node-00000";
 
@@ -88,9 +87,14 @@ impl Drop for Netns {
     }
 }
 
+/// The node's plan and every shard, as the agent's watches hold them: shards in one
+/// vector (merged without copies), each with a `resourceVersion` that moves when it
+/// changes, and the agent's merge cache.
 struct Objects {
     plan: Option<NodeProxyPlan>,
-    shards: BTreeMap<String, ProxyPlanShard>,
+    shards: Vec<ProxyPlanShard>,
+    versions: u64,
+    cache: MergeCache,
 }
 
 impl Objects {
@@ -102,14 +106,20 @@ impl Objects {
                     self.plan = Some(p);
                 }
                 DesiredObject::Plan(_) => {}
-                DesiredObject::Shard(s) => {
-                    self.shards
-                        .insert(s.metadata.name.clone().unwrap_or_default(), s);
+                DesiredObject::Shard(mut s) => {
+                    self.versions += 1;
+                    s.metadata.resource_version = Some(self.versions.to_string());
+                    match self.shards.iter_mut().find(|o| o.metadata.name == s.metadata.name) {
+                        Some(old) => *old = s,
+                        None => self.shards.push(s),
+                    }
                 }
             }
         }
         for name in changes.delete {
-            self.shards.remove(&name.name());
+            let name = name.name();
+            self.shards
+                .retain(|s| s.metadata.name.as_deref() != Some(name.as_str()));
         }
     }
 
@@ -118,12 +128,19 @@ impl Objects {
         plan.spec
             .shards
             .iter()
-            .filter_map(|r| self.shards.get(&r.name).cloned())
+            .filter_map(|r| {
+                self.shards
+                    .iter()
+                    .find(|s| s.metadata.name.as_deref() == Some(r.name.as_str()))
+                    .cloned()
+            })
             .collect()
     }
 
-    fn merged(&self) -> MergedPlan {
-        merge(self.plan.as_ref().expect("node plan"), &self.named_shards()).expect("merges")
+    /// The merged plan, as the agent's `run` merges it (reusing unchanged shards).
+    fn merged(&mut self) -> MergedPlan {
+        let plan = self.plan.as_ref().expect("node plan");
+        merge_cached(plan, &self.shards, &mut self.cache).expect("merges")
     }
 
     fn write_file(&self) -> PathBuf {
@@ -206,8 +223,17 @@ fn main() {
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
     {
         println!(
-            "SKIPPED: the ipvs bench needs root and a kernel with IPVS (run it in ../shared/vm)"
+            "SKIPPED (kernel part): the ipvs bench needs root and a kernel with IPVS (run it in \
+             ../shared/vm); measuring the agent's own work against the in-memory kernel only"
         );
+        let sizes: Vec<usize> = std::env::var("AGENT_BENCH_SIZES")
+            .unwrap_or_else(|_| if full() { "10000".into() } else { "100".into() })
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        for services in sizes {
+            userspace(services, env_or("AGENT_BENCH_CHANGES", if full() { 50 } else { 3 }));
+        }
         return;
     }
     let sizes: Vec<usize> = std::env::var("AGENT_BENCH_SIZES")
@@ -221,7 +247,74 @@ fn main() {
     }
 }
 
-fn bench(services: usize, changes: usize) {
+/// The agent's own work per endpoint change, natively, with the in-memory IPVS/ipset
+/// kernel and iptables fakes: the planner's change, the merge (unchanged shards reused),
+/// and the dataplane's sync down to the (fake) netlink calls.
+fn userspace(services: usize, changes: usize) {
+    use proxyplan_agent::iptables::kernel::fake::FakeKernel;
+    use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
+    let (mut cluster, mut planner, mut objects) = synthetic(services);
+    let start = Instant::now();
+    let merged = Arc::new(objects.merged());
+    let first_merge = start.elapsed();
+    let node_ip = merged.addresses.first().copied().expect("a node address");
+    let mut dp = IpvsDataplane::new(
+        IpvsSettings::default(),
+        FakeIpvsKernel::new(node_ip),
+        FakeKernel::new(),
+        BackendChoice::Legacy,
+    );
+    let start = Instant::now();
+    dp.sync_shared(&merged, false).expect("first apply");
+    let first = start.elapsed();
+    let start = Instant::now();
+    let unchanged = dp.sync_shared(&merged, false).expect("resync");
+    let resync = start.elapsed();
+    assert_eq!(unchanged.changed, 0);
+    drop(merged);
+    let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
+    let (mut merges, mut syncs, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    for k in 0..changes {
+        let service = candidates[(k * 7_919 + 13) % candidates.len()];
+        let change = cluster.move_endpoint(service).expect("endpoint change");
+        planner.apply_slice(&change.slice).expect("slice");
+        objects.take(&mut planner);
+        let start = Instant::now();
+        let merged = Arc::new(objects.merged());
+        let merged_at = start.elapsed();
+        let report = dp.sync_shared(&merged, false).expect("change");
+        let total = start.elapsed();
+        assert!(report.changed > 0);
+        merges.push(merged_at);
+        syncs.push(total - merged_at);
+        totals.push(total);
+    }
+    println!();
+    println!("ipvs mode, agent's own work only (in-memory kernel), {services} Services x 10 endpoints:");
+    println!("| what | value |");
+    println!("|---|---|");
+    println!("| first merge (every shard validated) | {} |", ms(first_merge));
+    println!("| first full apply (render + diff + fake netlink) | {} |", ms(first));
+    println!("| unchanged resync | {} |", ms(resync));
+    println!(
+        "| one endpoint change: merge (median / p99 of {changes}) | {} / {} |",
+        ms(quantile(&merges, 0.5)),
+        ms(quantile(&merges, 0.99))
+    );
+    println!(
+        "| one endpoint change: sync (median / p99) | {} / {} |",
+        ms(quantile(&syncs, 0.5)),
+        ms(quantile(&syncs, 0.99))
+    );
+    println!(
+        "| one endpoint change: plan received to kernel calls made (median / p99) | {} / {} |",
+        ms(quantile(&totals, 0.5)),
+        ms(quantile(&totals, 0.99))
+    );
+}
+
+/// The synthetic cluster of DESIGN §7's shape, its planner, and the node's objects.
+fn synthetic(services: usize) -> (SyntheticCluster, Planner, Objects) {
     let spec = SyntheticSpec {
         services,
         endpoints_per_service: 10,
@@ -231,14 +324,21 @@ fn bench(services: usize, changes: usize) {
         hinted_fraction: 0.05,
         seed: 1,
     };
-    let mut cluster = SyntheticCluster::generate(&spec).expect("synthetic cluster");
+    let cluster = SyntheticCluster::generate(&spec).expect("synthetic cluster");
     let mut planner = Planner::new(SyntheticCluster::planner_config());
     assert!(cluster.load_into(&mut planner).is_empty());
     let mut objects = Objects {
         plan: None,
-        shards: BTreeMap::new(),
+        shards: Vec::new(),
+        versions: 0,
+        cache: MergeCache::new(),
     };
     objects.take(&mut planner);
+    (cluster, planner, objects)
+}
+
+fn bench(services: usize, changes: usize) {
+    let (mut cluster, mut planner, mut objects) = synthetic(services);
     let merged = Arc::new(objects.merged());
     let addresses = merged.addresses.clone();
     let ns = Netns::new("lib", &addresses);
@@ -336,7 +436,7 @@ fn bench(services: usize, changes: usize) {
         ms(quantile(&times, 0.99))
     );
     println!(
-        "| before that: merge of the changed plan and shards (median / p99) | {} / {} |",
+        "| before that: merge of the plan (one shard changed, the others reused; median / p99) | {} / {} |",
         ms(quantile(&merges, 0.5)),
         ms(quantile(&merges, 0.99))
     );
