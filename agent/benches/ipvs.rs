@@ -109,7 +109,11 @@ impl Objects {
                 DesiredObject::Shard(mut s) => {
                     self.versions += 1;
                     s.metadata.resource_version = Some(self.versions.to_string());
-                    match self.shards.iter_mut().find(|o| o.metadata.name == s.metadata.name) {
+                    match self
+                        .shards
+                        .iter_mut()
+                        .find(|o| o.metadata.name == s.metadata.name)
+                    {
                         Some(old) => *old = s,
                         None => self.shards.push(s),
                     }
@@ -156,6 +160,16 @@ impl Objects {
         std::fs::write(&path, text).expect("plan file");
         path
     }
+}
+
+/// A report's phases: `render 0.3 s, sets 2.1 s, ...`.
+fn phases(report: &proxyplan_agent::dataplane::SyncReport) -> String {
+    report
+        .phases
+        .iter()
+        .map(|(name, took)| format!("{name} {}", ms(*took)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn ms(d: Duration) -> String {
@@ -232,7 +246,10 @@ fn main() {
             .filter_map(|s| s.trim().parse().ok())
             .collect();
         for services in sizes {
-            userspace(services, env_or("AGENT_BENCH_CHANGES", if full() { 50 } else { 3 }));
+            userspace(
+                services,
+                env_or("AGENT_BENCH_CHANGES", if full() { 50 } else { 3 }),
+            );
         }
         return;
     }
@@ -290,11 +307,19 @@ fn userspace(services: usize, changes: usize) {
         totals.push(total);
     }
     println!();
-    println!("ipvs mode, agent's own work only (in-memory kernel), {services} Services x 10 endpoints:");
+    println!(
+        "ipvs mode, agent's own work only (in-memory kernel), {services} Services x 10 endpoints:"
+    );
     println!("| what | value |");
     println!("|---|---|");
-    println!("| first merge (every shard validated) | {} |", ms(first_merge));
-    println!("| first full apply (render + diff + fake netlink) | {} |", ms(first));
+    println!(
+        "| first merge (every shard validated) | {} |",
+        ms(first_merge)
+    );
+    println!(
+        "| first full apply (render + diff + fake netlink) | {} |",
+        ms(first)
+    );
     println!("| unchanged resync | {} |", ms(resync));
     println!(
         "| one endpoint change: merge (median / p99 of {changes}) | {} / {} |",
@@ -420,7 +445,11 @@ fn bench(services: usize, changes: usize) {
         "| virtual servers + real servers + iptables rules | {} |",
         first.rules
     );
-    println!("| first full apply (library) | {} |", ms(first_apply));
+    println!(
+        "| first full apply (library) | {} ({}) |",
+        ms(first_apply),
+        phases(&first)
+    );
     println!(
         "| netlink operations of the first apply | {} IPVS messages + {address_ops} address changes (+ {set_lines} ipset lines) |",
         ipvs_ops

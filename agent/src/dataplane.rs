@@ -17,6 +17,9 @@ pub struct SyncReport {
     /// The exact text sent to the kernel tools (empty when nothing changed), for
     /// `--dry-run` and debugging.
     pub payload: String,
+    /// How long each step of the sync took (ipvs mode: `sets`, `vips`, `ipvs`, ...), for
+    /// logs and benchmarks.
+    pub phases: Vec<(&'static str, std::time::Duration)>,
 }
 
 /// Why a sync failed. Each variant has a stable short label for metrics and for the

@@ -533,11 +533,13 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         // From scratch right after the kernel was read, in a dry run, and when the node's
         // addresses changed; otherwise only the entries that changed.
         let full = dry_run || model.sets.is_some() || !self.desired.can_update(plan, &node);
+        let start = Instant::now();
         let changes = if full {
             self.full_changes(plan, node, &model, dry_run)?
         } else {
             self.partial_changes(plan, &model)
         };
+        report.phases.push(("render", start.elapsed()));
         // On failure the model stays unset: the next sync reads the kernel again.
         let desired = changes.desired.as_ref().unwrap_or(&self.desired);
         report.rules = desired.server_count()
@@ -569,6 +571,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             });
             updated.chain(removed).collect()
         });
+        let start = Instant::now();
         let payload = &mut report.payload;
         report.conntrack_deleted = self.udp.clear(
             &self.runner,
@@ -577,6 +580,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             dry_run,
             &mut |line| payload.push_str(line),
         )?;
+        report.phases.push(("conntrack", start.elapsed()));
         Ok(report)
     }
 
@@ -701,15 +705,24 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             desired,
             entries,
         } = changes;
+        let mut clock = Instant::now();
+        let mut lap = |report: &mut SyncReport, phase: &'static str| {
+            let now = Instant::now();
+            report.phases.push((phase, now - clock));
+            clock = now;
+        };
         // 1. ipsets: create and fill before any rule uses them.
         self.send_sets(&sets, &sets.before, dry_run, &mut report.payload)?;
         report.changed += sets.changed();
+        lap(report, "sets");
         // 2. VIP addresses.
         self.change_addresses(model, &add_vips, true, dry_run, report)?;
+        lap(report, "vips");
         // 3. IPVS.
         let mut rounds = OpRounds::new(dry_run);
         self.ipvs_changes(&servers, &gone, model, &mut rounds)?;
         drop(servers);
+        lap(report, "ipvs");
         report.changed += rounds.sent;
         report.payload.push_str(&rounds.payload);
         if let Some(first) = rounds.failures.first() {
@@ -741,10 +754,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 self.programmed[index(family)] = rules.rule_count() > 0;
             }
         }
+        lap(report, "iptables");
         // 5. VIPs nothing wants any more.
         self.change_addresses(model, &del_vips, false, dry_run, report)?;
         // 6. Sets nothing uses any more.
         self.send_sets(&sets, &sets.after, dry_run, &mut report.payload)?;
+        lap(report, "removals");
         if !dry_run && let Some(desired) = desired {
             self.desired = desired;
         }

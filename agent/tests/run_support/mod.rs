@@ -629,6 +629,7 @@ impl Dataplane for FakeDataplane {
             changed: 1,
             conntrack_deleted: 0,
             payload: String::new(),
+            phases: Vec::new(),
         })
     }
 
