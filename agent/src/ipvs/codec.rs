@@ -9,48 +9,26 @@
 //! ```
 //!
 //! Attribute lengths exclude the padding; the next attribute starts at the 4-aligned
-//! offset. Unknown attributes are skipped, never an error.
+//! offset. Unknown attributes are skipped, never an error. The framing (headers, the
+//! walk over messages and attributes, their length checks) is [`super::nla`]'s.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+pub use super::nla::NetlinkHeader;
+use super::nla::{
+    Attribute, NLA_HDRLEN, NLMSG_HDRLEN, NetlinkFormatError, align4, put_attr, put_be16, put_nest,
+    put_string, put_u8, put_u16, put_u32, put_u64,
+};
 use super::*;
 
-const NLMSG_HDRLEN: usize = 16;
 const GENL_HDRLEN: usize = 4;
-const NLA_HDRLEN: usize = 4;
 
 /// Why a buffer is not a valid netlink message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpvsCodecError {
-    /// Fewer bytes than a fixed-size header needs.
-    #[error("truncated {what}: need {needed} bytes, have {available}")]
-    Truncated {
-        /// The header being read.
-        what: &'static str,
-        /// Bytes the header needs.
-        needed: usize,
-        /// Bytes left.
-        available: usize,
-    },
-    /// A message length that is too small or runs past the buffer.
-    #[error("bad netlink message length {length} at offset {offset} (buffer {available})")]
-    BadLength {
-        /// Offset of the message.
-        offset: usize,
-        /// The `nlmsg_len` read.
-        length: usize,
-        /// Bytes from the offset to the end of the buffer.
-        available: usize,
-    },
-    /// An attribute length that is too small, runs past its container, or does not fit
-    /// the attribute's type.
-    #[error("bad length {length} for attribute {kind}")]
-    BadAttributeLength {
-        /// The attribute type.
-        kind: u16,
-        /// The length read.
-        length: usize,
-    },
+    /// A header, message or attribute that does not fit, or a string that is not UTF-8.
+    #[error(transparent)]
+    Format(#[from] NetlinkFormatError),
     /// A required attribute is missing.
     #[error("missing attribute {0}")]
     MissingAttribute(&'static str),
@@ -60,40 +38,21 @@ pub enum IpvsCodecError {
     /// An address family other than `AF_INET` / `AF_INET6`.
     #[error("unknown address family {0}")]
     UnknownFamily(u16),
-    /// A string attribute that is not UTF-8.
-    #[error("attribute {0} is not a UTF-8 string")]
-    BadString(u16),
 }
 
 impl IpvsCodecError {
     /// A stable short label for metrics.
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Truncated { .. } => "truncated",
-            Self::BadLength { .. } => "bad_length",
-            Self::BadAttributeLength { .. } => "bad_attribute_length",
+            Self::Format(e) => e.label(),
             Self::MissingAttribute(_) => "missing_attribute",
             Self::UnknownCommand(_) => "unknown_command",
             Self::UnknownFamily(_) => "unknown_family",
-            Self::BadString(_) => "bad_string",
         }
     }
 }
 
 type Result<T> = std::result::Result<T, IpvsCodecError>;
-
-/// The `nlmsghdr` fields other than the length, which the encoder computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetlinkHeader {
-    /// `nlmsg_type`: a genl family id, or `NLMSG_ERROR` / `NLMSG_DONE`.
-    pub message_type: u16,
-    /// `nlmsg_flags` (`NLM_F_*`).
-    pub flags: u16,
-    /// `nlmsg_seq`.
-    pub seq: u32,
-    /// `nlmsg_pid`: 0 from userspace to the kernel; the socket's port id in replies.
-    pub port_id: u32,
-}
 
 /// A `CTRL_CMD_GETFAMILY` request or its `CTRL_CMD_NEWFAMILY` reply (only the name and id
 /// are kept; operations and multicast groups are skipped).
@@ -165,39 +124,6 @@ pub struct NetlinkMessage {
 
 // ---- encoding --------------------------------------------------------------------------
 
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = NLA_HDRLEN + value.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    buf.resize(buf.len() + align4(len) - len, 0);
-}
-
-fn put_u8(buf: &mut Vec<u8>, kind: u16, v: u8) {
-    put_attr(buf, kind, &[v]);
-}
-fn put_u16(buf: &mut Vec<u8>, kind: u16, v: u16) {
-    put_attr(buf, kind, &v.to_ne_bytes());
-}
-fn put_be16(buf: &mut Vec<u8>, kind: u16, v: u16) {
-    put_attr(buf, kind, &v.to_be_bytes());
-}
-fn put_u32(buf: &mut Vec<u8>, kind: u16, v: u32) {
-    put_attr(buf, kind, &v.to_ne_bytes());
-}
-fn put_u64(buf: &mut Vec<u8>, kind: u16, v: u64) {
-    put_attr(buf, kind, &v.to_ne_bytes());
-}
-fn put_string(buf: &mut Vec<u8>, kind: u16, s: &str) {
-    let mut v = Vec::with_capacity(s.len() + 1);
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    put_attr(buf, kind, &v);
-}
 fn put_addr(buf: &mut Vec<u8>, kind: u16, addr: IpAddr) {
     // `union nf_inet_addr`: always 16 bytes, an IPv4 address in the first four.
     let mut raw = [0u8; 16];
@@ -208,18 +134,13 @@ fn put_addr(buf: &mut Vec<u8>, kind: u16, addr: IpAddr) {
     put_attr(buf, kind, &raw);
 }
 
-fn put_nest(buf: &mut Vec<u8>, kind: u16, flag: bool, fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = buf.len();
-    let kind = if flag { kind | NLA_F_NESTED } else { kind };
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    fill(buf);
-    let len = (buf.len() - start) as u16;
-    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+/// A nest's type, flagged `NLA_F_NESTED` when `flag` (see [`NetlinkBody::Ipvs`]).
+const fn nest_kind(kind: u16, flag: bool) -> u16 {
+    if flag { kind | NLA_F_NESTED } else { kind }
 }
 
 fn put_stats(buf: &mut Vec<u8>, kind: u16, flag: bool, stats: &IpvsStats, wide: bool) {
-    put_nest(buf, kind, flag, |b| {
+    put_nest(buf, nest_kind(kind, flag), |b| {
         let narrow = |b: &mut Vec<u8>, k: u16, v: u64| {
             if wide {
                 put_u64(b, k, v)
@@ -242,7 +163,7 @@ fn put_stats(buf: &mut Vec<u8>, kind: u16, flag: bool, stats: &IpvsStats, wide: 
 
 /// Service attributes in the kernel's own order (`ip_vs_genl_fill_service`).
 fn put_service(buf: &mut Vec<u8>, svc: &IpvsService, flag: bool) {
-    put_nest(buf, IPVS_CMD_ATTR_SERVICE, flag, |b| {
+    put_nest(buf, nest_kind(IPVS_CMD_ATTR_SERVICE, flag), |b| {
         put_u16(b, IPVS_SVC_ATTR_AF, svc.family);
         if let Some(mark) = svc.fwmark {
             put_u32(b, IPVS_SVC_ATTR_FWMARK, mark);
@@ -272,7 +193,7 @@ fn put_service(buf: &mut Vec<u8>, svc: &IpvsService, flag: bool) {
 
 /// Destination attributes in the kernel's own order (`ip_vs_genl_fill_dest`).
 fn put_destination(buf: &mut Vec<u8>, dest: &IpvsDestination, flag: bool) {
-    put_nest(buf, IPVS_CMD_ATTR_DEST, flag, |b| {
+    put_nest(buf, nest_kind(IPVS_CMD_ATTR_DEST, flag), |b| {
         put_addr(b, IPVS_DEST_ATTR_ADDR, dest.addr);
         put_be16(b, IPVS_DEST_ATTR_PORT, dest.port);
         put_u32(b, IPVS_DEST_ATTR_FWD_METHOD, dest.fwd_method);
@@ -346,16 +267,9 @@ fn encode_body(body: &NetlinkBody, buf: &mut Vec<u8>) {
 
 /// Encodes one complete netlink message (header length computed).
 pub fn encode_message(msg: &NetlinkMessage) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(128);
-    buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&msg.header.message_type.to_ne_bytes());
-    buf.extend_from_slice(&msg.header.flags.to_ne_bytes());
-    buf.extend_from_slice(&msg.header.seq.to_ne_bytes());
-    buf.extend_from_slice(&msg.header.port_id.to_ne_bytes());
+    let mut buf = nla::start_message(&msg.header);
     encode_body(&msg.body, &mut buf);
-    let len = buf.len() as u32;
-    buf[..4].copy_from_slice(&len.to_ne_bytes());
-    buf
+    nla::finish_message(buf)
 }
 
 /// Encodes several messages back to back, each starting 4-aligned (as in a dump).
@@ -494,90 +408,25 @@ pub fn list_destinations(family_id: u16, seq: u32, svc: &IpvsService) -> Vec<u8>
 
 // ---- decoding --------------------------------------------------------------------------
 
-struct Nla<'a> {
-    kind: u16,
-    nested: bool,
-    value: &'a [u8],
+/// Every attribute of `buf`, or the first framing error among them.
+fn parse_attrs(buf: &[u8]) -> Result<Vec<Attribute<'_>>> {
+    Ok(nla::attributes(buf).collect::<std::result::Result<_, _>>()?)
 }
 
-fn parse_attrs(buf: &[u8]) -> Result<Vec<Nla<'_>>> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off < buf.len() {
-        let rest = buf.get(off..).unwrap_or_default();
-        let (Some(len), Some(kind)) = (read_u16(rest, 0), read_u16(rest, 2)) else {
-            return Err(IpvsCodecError::Truncated {
-                what: "nlattr",
-                needed: NLA_HDRLEN,
-                available: rest.len(),
-            });
-        };
-        let len = usize::from(len);
-        let value = rest.get(NLA_HDRLEN..len).filter(|_| len >= NLA_HDRLEN);
-        let Some(value) = value else {
-            return Err(IpvsCodecError::BadAttributeLength {
-                kind: kind & NLA_TYPE_MASK,
-                length: len,
-            });
-        };
-        out.push(Nla {
-            kind: kind & NLA_TYPE_MASK,
-            nested: kind & NLA_F_NESTED != 0,
-            value,
-        });
-        off += align4(len);
-    }
-    Ok(out)
-}
-
-fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
-    let b = buf.get(at..at + 2)?;
-    Some(u16::from_ne_bytes([b[0], b[1]]))
-}
-
-fn read_u32(buf: &[u8], at: usize) -> Option<u32> {
-    let b: [u8; 4] = buf.get(at..at + 4)?.try_into().ok()?;
-    Some(u32::from_ne_bytes(b))
-}
-
-fn fixed<const N: usize>(nla: &Nla<'_>) -> Result<[u8; N]> {
-    nla.value
-        .try_into()
-        .map_err(|_| IpvsCodecError::BadAttributeLength {
-            kind: nla.kind,
-            length: nla.value.len() + NLA_HDRLEN,
-        })
-}
-
-fn get_u8(nla: &Nla<'_>) -> Result<u8> {
-    Ok(fixed::<1>(nla)?[0])
-}
-fn get_u16(nla: &Nla<'_>) -> Result<u16> {
-    fixed(nla).map(u16::from_ne_bytes)
-}
-fn get_be16(nla: &Nla<'_>) -> Result<u16> {
-    fixed(nla).map(u16::from_be_bytes)
-}
-fn get_u32(nla: &Nla<'_>) -> Result<u32> {
-    fixed(nla).map(u32::from_ne_bytes)
-}
-fn get_counter(nla: &Nla<'_>) -> Result<u64> {
-    match nla.value.len() {
-        4 => get_u32(nla).map(u64::from),
-        _ => fixed(nla).map(u64::from_ne_bytes),
-    }
-}
-fn get_string(nla: &Nla<'_>) -> Result<String> {
-    let raw = nla.value;
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    let bytes = raw.get(..end).unwrap_or_default();
-    String::from_utf8(bytes.to_vec()).map_err(|_| IpvsCodecError::BadString(nla.kind))
+/// A `*_STATS` counter (u32, or u64 for the byte counters) or a `*_STATS64` one (u64).
+fn get_counter(nla: &Attribute<'_>) -> Result<u64> {
+    Ok(match nla.value.len() {
+        4 => nla.get_u32().map(u64::from)?,
+        _ => nla.get_u64()?,
+    })
 }
 
 fn get_addr(kind: u16, raw: &[u8], family: Option<u16>) -> Result<IpAddr> {
-    let bad = || IpvsCodecError::BadAttributeLength {
-        kind,
-        length: raw.len() + NLA_HDRLEN,
+    let bad = || {
+        IpvsCodecError::from(NetlinkFormatError::BadAttributeLength {
+            kind,
+            length: raw.len() + NLA_HDRLEN,
+        })
     };
     match (family, raw.len()) {
         (Some(AF_INET) | None, 4) | (Some(AF_INET), 16) => {
@@ -640,21 +489,21 @@ fn decode_service(value: &[u8]) -> Result<IpvsService> {
     let mut stats64 = None;
     for nla in parse_attrs(value)? {
         match nla.kind {
-            IPVS_SVC_ATTR_AF => family = Some(get_u16(&nla)?),
-            IPVS_SVC_ATTR_PROTOCOL => protocol = Some(get_u16(&nla)?),
+            IPVS_SVC_ATTR_AF => family = Some(nla.get_u16()?),
+            IPVS_SVC_ATTR_PROTOCOL => protocol = Some(nla.get_u16()?),
             IPVS_SVC_ATTR_ADDR => addr_raw = Some(nla.value),
-            IPVS_SVC_ATTR_PORT => port = Some(get_be16(&nla)?),
-            IPVS_SVC_ATTR_FWMARK => fwmark = Some(get_u32(&nla)?),
-            IPVS_SVC_ATTR_SCHED_NAME => scheduler = Some(get_string(&nla)?),
-            IPVS_SVC_ATTR_PE_NAME => persistence_engine = Some(get_string(&nla)?),
+            IPVS_SVC_ATTR_PORT => port = Some(nla.get_be16()?),
+            IPVS_SVC_ATTR_FWMARK => fwmark = Some(nla.get_u32()?),
+            IPVS_SVC_ATTR_SCHED_NAME => scheduler = Some(nla.get_string()?),
+            IPVS_SVC_ATTR_PE_NAME => persistence_engine = Some(nla.get_string()?),
             IPVS_SVC_ATTR_FLAGS => {
-                let raw: [u8; 8] = fixed(&nla)?;
+                let raw: [u8; 8] = nla.fixed()?;
                 let (f, m) = raw.split_at(4);
                 let word = |b: &[u8]| b.try_into().map(u32::from_ne_bytes).unwrap_or_default();
                 flags = Some((word(f), word(m)));
             }
-            IPVS_SVC_ATTR_TIMEOUT => timeout = Some(get_u32(&nla)?),
-            IPVS_SVC_ATTR_NETMASK => netmask = Some(get_u32(&nla)?),
+            IPVS_SVC_ATTR_TIMEOUT => timeout = Some(nla.get_u32()?),
+            IPVS_SVC_ATTR_NETMASK => netmask = Some(nla.get_u32()?),
             IPVS_SVC_ATTR_STATS => stats = Some(decode_stats(nla.value)?),
             IPVS_SVC_ATTR_STATS64 => stats64 = Some(decode_stats(nla.value)?),
             _ => {}
@@ -708,20 +557,20 @@ fn decode_destination(value: &[u8], service_family: Option<u16>) -> Result<IpvsD
     for nla in parse_attrs(value)? {
         match nla.kind {
             IPVS_DEST_ATTR_ADDR => addr_raw = Some(nla.value),
-            IPVS_DEST_ATTR_PORT => port = Some(get_be16(&nla)?),
-            IPVS_DEST_ATTR_FWD_METHOD => fwd_method = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_WEIGHT => weight = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_U_THRESH => upper = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_L_THRESH => lower = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_ACTIVE_CONNS => counters.active_connections = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_INACT_CONNS => counters.inactive_connections = Some(get_u32(&nla)?),
-            IPVS_DEST_ATTR_PERSIST_CONNS => counters.persistent_connections = Some(get_u32(&nla)?),
+            IPVS_DEST_ATTR_PORT => port = Some(nla.get_be16()?),
+            IPVS_DEST_ATTR_FWD_METHOD => fwd_method = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_WEIGHT => weight = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_U_THRESH => upper = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_L_THRESH => lower = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_ACTIVE_CONNS => counters.active_connections = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_INACT_CONNS => counters.inactive_connections = Some(nla.get_u32()?),
+            IPVS_DEST_ATTR_PERSIST_CONNS => counters.persistent_connections = Some(nla.get_u32()?),
             IPVS_DEST_ATTR_STATS => counters.stats = Some(decode_stats(nla.value)?),
-            IPVS_DEST_ATTR_ADDR_FAMILY => family = Some(get_u16(&nla)?),
+            IPVS_DEST_ATTR_ADDR_FAMILY => family = Some(nla.get_u16()?),
             IPVS_DEST_ATTR_STATS64 => counters.stats64 = Some(decode_stats(nla.value)?),
-            IPVS_DEST_ATTR_TUN_TYPE => tunnel.tun_type = Some(get_u8(&nla)?),
-            IPVS_DEST_ATTR_TUN_PORT => tunnel.port = Some(get_be16(&nla)?),
-            IPVS_DEST_ATTR_TUN_FLAGS => tunnel.flags = Some(get_u16(&nla)?),
+            IPVS_DEST_ATTR_TUN_TYPE => tunnel.tun_type = Some(nla.get_u8()?),
+            IPVS_DEST_ATTR_TUN_PORT => tunnel.port = Some(nla.get_be16()?),
+            IPVS_DEST_ATTR_TUN_FLAGS => tunnel.flags = Some(nla.get_u16()?),
             _ => {}
         }
     }
@@ -777,11 +626,12 @@ fn decode_ipvs(payload: &[u8]) -> Result<NetlinkBody> {
 fn split_genl(payload: &[u8]) -> Result<(u8, u8, &[u8])> {
     match payload {
         [cmd, version, _, _, attrs @ ..] => Ok((*cmd, *version, attrs)),
-        _ => Err(IpvsCodecError::Truncated {
+        _ => Err(NetlinkFormatError::Truncated {
             what: "genlmsghdr",
             needed: GENL_HDRLEN,
             available: payload.len(),
-        }),
+        }
+        .into()),
     }
 }
 
@@ -795,8 +645,8 @@ fn decode_control(payload: &[u8]) -> Result<NetlinkBody> {
     };
     for nla in parse_attrs(attrs)? {
         match nla.kind {
-            CTRL_ATTR_FAMILY_ID => ctrl.family_id = Some(get_u16(&nla)?),
-            CTRL_ATTR_FAMILY_NAME => ctrl.family_name = Some(get_string(&nla)?),
+            CTRL_ATTR_FAMILY_ID => ctrl.family_id = Some(nla.get_u16()?),
+            CTRL_ATTR_FAMILY_NAME => ctrl.family_name = Some(nla.get_string()?),
             _ => {}
         }
     }
@@ -805,9 +655,9 @@ fn decode_control(payload: &[u8]) -> Result<NetlinkBody> {
 
 fn decode_body(message_type: u16, payload: &[u8], ipvs_family_id: u16) -> Result<NetlinkBody> {
     let word = |what| {
-        read_u32(payload, 0)
+        nla::read_u32(payload, 0)
             .map(|w| w as i32)
-            .ok_or(IpvsCodecError::Truncated {
+            .ok_or(NetlinkFormatError::Truncated {
                 what,
                 needed: 4,
                 available: payload.len(),
@@ -829,39 +679,36 @@ fn decode_body(message_type: u16, payload: &[u8], ipvs_family_id: u16) -> Result
 
 /// Decodes every message in `buf` (one `recv` may carry several, as in a dump).
 /// `ipvs_family_id` is the id resolved with [`get_family`]; messages of other types
-/// come back as [`NetlinkBody::Other`].
+/// come back as [`NetlinkBody::Other`]. Fewer bytes left than an `nlmsghdr` are a
+/// truncated header here, not (as [`nla::messages`] says) a bad length.
 pub fn decode(buf: &[u8], ipvs_family_id: u16) -> Result<Vec<NetlinkMessage>> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off < buf.len() {
-        let rest = buf.get(off..).unwrap_or_default();
-        if rest.len() < NLMSG_HDRLEN {
-            return Err(IpvsCodecError::Truncated {
+    nla::messages(buf)
+        .map(|message| {
+            let message = message.map_err(short_header_is_truncated)?;
+            let body = decode_body(
+                message.header.message_type,
+                message.payload(),
+                ipvs_family_id,
+            )?;
+            Ok(NetlinkMessage {
+                header: message.header,
+                body,
+            })
+        })
+        .collect()
+}
+
+fn short_header_is_truncated(error: NetlinkFormatError) -> NetlinkFormatError {
+    match error {
+        NetlinkFormatError::BadLength { available, .. } if available < NLMSG_HDRLEN => {
+            NetlinkFormatError::Truncated {
                 what: "nlmsghdr",
                 needed: NLMSG_HDRLEN,
-                available: rest.len(),
-            });
+                available,
+            }
         }
-        let len = read_u32(rest, 0).unwrap_or_default() as usize;
-        let payload = rest.get(NLMSG_HDRLEN..len).filter(|_| len >= NLMSG_HDRLEN);
-        let Some(payload) = payload else {
-            return Err(IpvsCodecError::BadLength {
-                offset: off,
-                length: len,
-                available: rest.len(),
-            });
-        };
-        let header = NetlinkHeader {
-            message_type: read_u16(rest, 4).unwrap_or_default(),
-            flags: read_u16(rest, 6).unwrap_or_default(),
-            seq: read_u32(rest, 8).unwrap_or_default(),
-            port_id: read_u32(rest, 12).unwrap_or_default(),
-        };
-        let body = decode_body(header.message_type, payload, ipvs_family_id)?;
-        out.push(NetlinkMessage { header, body });
-        off += align4(len);
+        other => other,
     }
-    Ok(out)
 }
 
 /// The family id from a `CTRL_CMD_GETFAMILY` reply, or the kernel's errno.

@@ -53,10 +53,16 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use nix::errno::Errno;
 
-use super::NLM_F_REQUEST;
 use super::ipset::{IpSet, SetEntry, SetSpec, SetType, Sets, is_owned};
 use super::netlink::NetlinkSocket;
-use super::{NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLA_TYPE_MASK, NLM_F_ACK, NLM_F_DUMP};
+// The tests pad listings with `align4`.
+#[cfg(test)]
+use super::nla::align4;
+use super::nla::{
+    self, Attribute, NLMSG_HDRLEN, NetlinkFormatError, NetlinkHeader, attributes, put_attr,
+    put_nest, put_net16, put_net32, put_string, put_u8,
+};
+use super::{NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 
 // ---- netlink.h -------------------------------------------------------------------------
 
@@ -505,41 +511,12 @@ pub struct ListMessage {
 /// Why an operation cannot be encoded or bytes are not a valid ipset message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpsetCodecError {
-    /// Fewer bytes than a fixed-size header needs.
-    #[error("truncated {what}: need {needed} bytes, have {available}")]
-    Truncated {
-        /// The header being read.
-        what: &'static str,
-        /// Bytes the header needs.
-        needed: usize,
-        /// Bytes left.
-        available: usize,
-    },
-    /// A message length that is too small or runs past the buffer.
-    #[error("bad netlink message length {length} at offset {offset} (buffer {available})")]
-    BadLength {
-        /// Offset of the message.
-        offset: usize,
-        /// The `nlmsg_len` read.
-        length: usize,
-        /// Bytes from the offset to the end of the buffer.
-        available: usize,
-    },
-    /// An attribute length that is too small, runs past its container, or does not fit
-    /// the attribute's type.
-    #[error("bad length {length} for attribute {kind}")]
-    BadAttributeLength {
-        /// The attribute type.
-        kind: u16,
-        /// The length read.
-        length: usize,
-    },
+    /// A header, message or attribute that does not fit, or a string that is not UTF-8.
+    #[error(transparent)]
+    Format(#[from] NetlinkFormatError),
     /// A required attribute is missing.
     #[error("missing attribute {0}")]
     MissingAttribute(&'static str),
-    /// A string attribute that is not UTF-8.
-    #[error("attribute {0} is not a UTF-8 string")]
-    BadString(u16),
     /// A message type other than the ipset command expected.
     #[error("unexpected message type {0:#06x}")]
     UnexpectedMessage(u16),
@@ -562,11 +539,8 @@ impl IpsetCodecError {
     #[must_use]
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Truncated { .. } => "truncated",
-            Self::BadLength { .. } => "bad_length",
-            Self::BadAttributeLength { .. } => "bad_attribute_length",
+            Self::Format(e) => e.label(),
             Self::MissingAttribute(_) => "missing_attribute",
-            Self::BadString(_) => "bad_string",
             Self::UnexpectedMessage(_) => "unexpected_message",
             Self::BadName(_) => "bad_name",
             Self::MixedFamilies(_) => "mixed_families",
@@ -580,51 +554,13 @@ type Result<T> = std::result::Result<T, IpsetCodecError>;
 
 // ---- encoding --------------------------------------------------------------------------
 
-const NLMSG_HDRLEN: usize = 16;
+/// `sizeof(struct nfgenmsg)`.
 const NFGEN_HDRLEN: usize = 4;
-const NLA_HDRLEN: usize = 4;
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
 
 /// The `nlmsg_type` of ipset command `command`.
 #[must_use]
 pub const fn message_type(command: u8) -> u16 {
     ((NFNL_SUBSYS_IPSET as u16) << 8) | command as u16
-}
-
-fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = NLA_HDRLEN + value.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    buf.resize(buf.len() + align4(len) - len, 0);
-}
-
-fn put_u8(buf: &mut Vec<u8>, kind: u16, v: u8) {
-    put_attr(buf, kind, &[v]);
-}
-fn put_net16(buf: &mut Vec<u8>, kind: u16, v: u16) {
-    put_attr(buf, kind | NLA_F_NET_BYTEORDER, &v.to_be_bytes());
-}
-fn put_net32(buf: &mut Vec<u8>, kind: u16, v: u32) {
-    put_attr(buf, kind | NLA_F_NET_BYTEORDER, &v.to_be_bytes());
-}
-fn put_string(buf: &mut Vec<u8>, kind: u16, s: &str) {
-    let mut v = Vec::with_capacity(s.len() + 1);
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    put_attr(buf, kind, &v);
-}
-
-fn put_nest(buf: &mut Vec<u8>, kind: u16, fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-    fill(buf);
-    let len = (buf.len() - start) as u16;
-    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// Whether addresses carry `NLA_F_NET_BYTEORDER`: requests must, listings do not.
@@ -639,7 +575,7 @@ fn put_address(buf: &mut Vec<u8>, kind: u16, addr: IpAddr, flag: AddressFlag) {
         AddressFlag::NetOrder => NLA_F_NET_BYTEORDER,
         AddressFlag::Plain => 0,
     };
-    put_nest(buf, kind, |b| match addr {
+    put_nest(buf, kind | NLA_F_NESTED, |b| match addr {
         IpAddr::V4(a) => put_attr(b, IPSET_ATTR_IPADDR_IPV4 | flag, &a.octets()),
         IpAddr::V6(a) => put_attr(b, IPSET_ATTR_IPADDR_IPV6 | flag, &a.octets()),
     });
@@ -647,7 +583,7 @@ fn put_address(buf: &mut Vec<u8>, kind: u16, addr: IpAddr, flag: AddressFlag) {
 
 /// An entry's attributes in the order the kernel lists them (its requests accept any).
 fn put_entry(buf: &mut Vec<u8>, entry: &EntryAttributes, flag: AddressFlag) {
-    put_nest(buf, IPSET_ATTR_DATA, |b| {
+    put_nest(buf, IPSET_ATTR_DATA | NLA_F_NESTED, |b| {
         if let Some(ip) = entry.ip {
             put_address(b, IPSET_ATTR_IP, ip, flag);
         }
@@ -667,7 +603,7 @@ fn put_entry(buf: &mut Vec<u8>, entry: &EntryAttributes, flag: AddressFlag) {
 }
 
 fn put_header_data(buf: &mut Vec<u8>, data: &SetHeaderData) {
-    put_nest(buf, IPSET_ATTR_DATA, |b| {
+    put_nest(buf, IPSET_ATTR_DATA | NLA_F_NESTED, |b| {
         if let Some(v) = data.port_from {
             put_net16(b, IPSET_ATTR_PORT, v);
         }
@@ -699,22 +635,16 @@ fn put_header_data(buf: &mut Vec<u8>, data: &SetHeaderData) {
 }
 
 /// `nlmsghdr` and `nfgenmsg` of a message of `command`, its length filled in by
-/// [`finish`], followed by `IPSET_ATTR_PROTOCOL`.
+/// [`nla::finish_message`], followed by `IPSET_ATTR_PROTOCOL`.
 fn start(command: u8, flags: u16, seq: u32, port_id: u32, protocol: u8) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(128);
-    buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&message_type(command).to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&port_id.to_ne_bytes());
+    let mut buf = nla::start_message(&NetlinkHeader {
+        message_type: message_type(command),
+        flags,
+        seq,
+        port_id,
+    });
     buf.extend_from_slice(&[NFPROTO_IPV4, NFNETLINK_V0, 0, 0]);
     put_u8(&mut buf, IPSET_ATTR_PROTOCOL, protocol);
-    buf
-}
-
-fn finish(mut buf: Vec<u8>) -> Vec<u8> {
-    let len = buf.len() as u32;
-    buf[..4].copy_from_slice(&len.to_ne_bytes());
     buf
 }
 
@@ -790,7 +720,7 @@ pub fn encode_op(op: &SetOp<'_>, seq: u32) -> Result<Vec<u8>> {
             buf
         }
     };
-    Ok(finish(buf))
+    Ok(nla::finish_message(buf))
 }
 
 /// `IPSET_CMD_LIST` dump of every set's name (`IPSET_FLAG_LIST_SETNAME`).
@@ -804,7 +734,7 @@ pub fn list_names_request(seq: u32) -> Vec<u8> {
         IPSET_PROTOCOL,
     );
     put_net32(&mut buf, IPSET_ATTR_FLAGS, IPSET_FLAG_LIST_SETNAME);
-    finish(buf)
+    nla::finish_message(buf)
 }
 
 /// `IPSET_CMD_LIST` dump of the set `name`: its header and every entry.
@@ -821,7 +751,7 @@ pub fn list_set_request(name: &str, seq: u32) -> Result<Vec<u8>> {
         IPSET_PROTOCOL,
     );
     put_string(&mut buf, IPSET_ATTR_SETNAME, name);
-    Ok(finish(buf))
+    Ok(nla::finish_message(buf))
 }
 
 /// Encodes a listing message as the kernel does (attribute order, unflagged addresses):
@@ -846,93 +776,25 @@ pub fn encode_list_message(msg: &ListMessage) -> Vec<u8> {
         put_header_data(&mut buf, &header.data);
     }
     if let Some(entries) = &msg.entries {
-        put_nest(&mut buf, IPSET_ATTR_ADT, |b| {
+        put_nest(&mut buf, IPSET_ATTR_ADT | NLA_F_NESTED, |b| {
             for entry in entries {
                 put_entry(b, entry, AddressFlag::Plain);
             }
         });
     }
-    finish(buf)
+    nla::finish_message(buf)
 }
 
 // ---- decoding --------------------------------------------------------------------------
 
-struct Nla<'a> {
-    kind: u16,
-    value: &'a [u8],
-}
-
-/// Walks the attributes of `buf`; flags are dropped from the kinds (every integer is
-/// read big-endian: the kernel flags them all `NLA_F_NET_BYTEORDER`).
-fn attributes(buf: &[u8]) -> impl Iterator<Item = Result<Nla<'_>>> {
-    let mut off = 0;
-    std::iter::from_fn(move || {
-        let rest = buf.get(off..).filter(|r| !r.is_empty())?;
-        let (Some(len), Some(kind)) = (read_u16(rest, 0), read_u16(rest, 2)) else {
-            off = buf.len();
-            return Some(Err(IpsetCodecError::Truncated {
-                what: "nlattr",
-                needed: NLA_HDRLEN,
-                available: rest.len(),
-            }));
-        };
-        let len = usize::from(len);
-        let Some(value) = rest.get(NLA_HDRLEN..len).filter(|_| len >= NLA_HDRLEN) else {
-            off = buf.len();
-            return Some(Err(IpsetCodecError::BadAttributeLength {
-                kind: kind & NLA_TYPE_MASK,
-                length: len,
-            }));
-        };
-        off += align4(len);
-        Some(Ok(Nla {
-            kind: kind & NLA_TYPE_MASK,
-            value,
-        }))
-    })
-}
-
-fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
-    let b: [u8; 2] = buf.get(at..at + 2)?.try_into().ok()?;
-    Some(u16::from_ne_bytes(b))
-}
-
-fn read_u32(buf: &[u8], at: usize) -> Option<u32> {
-    let b: [u8; 4] = buf.get(at..at + 4)?.try_into().ok()?;
-    Some(u32::from_ne_bytes(b))
-}
-
-fn fixed<const N: usize>(nla: &Nla<'_>) -> Result<[u8; N]> {
-    nla.value
-        .try_into()
-        .map_err(|_| IpsetCodecError::BadAttributeLength {
-            kind: nla.kind,
-            length: nla.value.len() + NLA_HDRLEN,
-        })
-}
-
-fn get_u8(nla: &Nla<'_>) -> Result<u8> {
-    Ok(fixed::<1>(nla)?[0])
-}
-fn get_be16(nla: &Nla<'_>) -> Result<u16> {
-    fixed(nla).map(u16::from_be_bytes)
-}
-fn get_be32(nla: &Nla<'_>) -> Result<u32> {
-    fixed(nla).map(u32::from_be_bytes)
-}
-fn get_string(nla: &Nla<'_>) -> Result<String> {
-    let raw = nla.value;
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    let bytes = raw.get(..end).unwrap_or_default();
-    String::from_utf8(bytes.to_vec()).map_err(|_| IpsetCodecError::BadString(nla.kind))
-}
-
-fn get_address(nla: &Nla<'_>) -> Result<IpAddr> {
+/// An address nest's `IPSET_ATTR_IPADDR_IPV4` or `IPSET_ATTR_IPADDR_IPV6`. Integers
+/// are read big-endian throughout: the kernel flags them all `NLA_F_NET_BYTEORDER`.
+fn get_address(nla: &Attribute<'_>) -> Result<IpAddr> {
     for inner in attributes(nla.value) {
         let inner = inner?;
         match inner.kind {
-            IPSET_ATTR_IPADDR_IPV4 => return Ok(IpAddr::V4(Ipv4Addr::from(fixed(&inner)?))),
-            IPSET_ATTR_IPADDR_IPV6 => return Ok(IpAddr::V6(Ipv6Addr::from(fixed(&inner)?))),
+            IPSET_ATTR_IPADDR_IPV4 => return Ok(IpAddr::V4(Ipv4Addr::from(inner.fixed()?))),
+            IPSET_ATTR_IPADDR_IPV6 => return Ok(IpAddr::V6(Ipv6Addr::from(inner.fixed()?))),
             _ => {}
         }
     }
@@ -950,9 +812,9 @@ fn decode_entry(value: &[u8]) -> Result<EntryAttributes> {
         match nla.kind {
             IPSET_ATTR_IP => entry.ip = Some(get_address(&nla)?),
             IPSET_ATTR_IP2 => entry.ip2 = Some(get_address(&nla)?),
-            IPSET_ATTR_PORT => entry.port = Some(get_be16(&nla)?),
-            IPSET_ATTR_CIDR2 => entry.cidr2 = Some(get_u8(&nla)?),
-            IPSET_ATTR_PROTO => entry.protocol = Some(get_u8(&nla)?),
+            IPSET_ATTR_PORT => entry.port = Some(nla.get_be16()?),
+            IPSET_ATTR_CIDR2 => entry.cidr2 = Some(nla.get_u8()?),
+            IPSET_ATTR_PROTO => entry.protocol = Some(nla.get_u8()?),
             _ => {}
         }
     }
@@ -964,15 +826,15 @@ fn decode_header_data(value: &[u8]) -> Result<SetHeaderData> {
     for nla in attributes(value) {
         let nla = nla?;
         match nla.kind {
-            IPSET_ATTR_PORT => data.port_from = Some(get_be16(&nla)?),
-            IPSET_ATTR_PORT_TO => data.port_to = Some(get_be16(&nla)?),
-            IPSET_ATTR_HASHSIZE => data.hash_size = Some(get_be32(&nla)?),
-            IPSET_ATTR_MAXELEM => data.max_elements = Some(get_be32(&nla)?),
-            IPSET_ATTR_BUCKETSIZE => data.bucket_size = Some(get_u8(&nla)?),
-            IPSET_ATTR_INITVAL => data.initval = Some(get_be32(&nla)?),
-            IPSET_ATTR_REFERENCES => data.references = Some(get_be32(&nla)?),
-            IPSET_ATTR_MEMSIZE => data.memory_size = Some(get_be32(&nla)?),
-            IPSET_ATTR_ELEMENTS => data.elements = Some(get_be32(&nla)?),
+            IPSET_ATTR_PORT => data.port_from = Some(nla.get_be16()?),
+            IPSET_ATTR_PORT_TO => data.port_to = Some(nla.get_be16()?),
+            IPSET_ATTR_HASHSIZE => data.hash_size = Some(nla.get_be32()?),
+            IPSET_ATTR_MAXELEM => data.max_elements = Some(nla.get_be32()?),
+            IPSET_ATTR_BUCKETSIZE => data.bucket_size = Some(nla.get_u8()?),
+            IPSET_ATTR_INITVAL => data.initval = Some(nla.get_be32()?),
+            IPSET_ATTR_REFERENCES => data.references = Some(nla.get_be32()?),
+            IPSET_ATTR_MEMSIZE => data.memory_size = Some(nla.get_be32()?),
+            IPSET_ATTR_ELEMENTS => data.elements = Some(nla.get_be32()?),
             _ => {}
         }
     }
@@ -981,37 +843,31 @@ fn decode_header_data(value: &[u8]) -> Result<SetHeaderData> {
 
 /// The header fields and attribute bytes of one message.
 struct Raw<'a> {
-    message_type: u16,
-    flags: u16,
-    seq: u32,
-    port_id: u32,
+    header: NetlinkHeader,
     attributes: &'a [u8],
 }
 
 fn split_message(bytes: &[u8]) -> Result<Raw<'_>> {
-    if bytes.len() < NLMSG_HDRLEN + NFGEN_HDRLEN {
-        return Err(IpsetCodecError::Truncated {
+    const HEADERS: usize = NLMSG_HDRLEN + NFGEN_HDRLEN;
+    if bytes.len() < HEADERS {
+        return Err(NetlinkFormatError::Truncated {
             what: "nlmsghdr + nfgenmsg",
-            needed: NLMSG_HDRLEN + NFGEN_HDRLEN,
+            needed: HEADERS,
             available: bytes.len(),
-        });
+        }
+        .into());
     }
-    let len = read_u32(bytes, 0).unwrap_or_default() as usize;
-    let Some(attributes) = bytes
-        .get(NLMSG_HDRLEN + NFGEN_HDRLEN..len)
-        .filter(|_| len >= NLMSG_HDRLEN + NFGEN_HDRLEN)
-    else {
-        return Err(IpsetCodecError::BadLength {
+    let message = nla::message_at(bytes, 0)?;
+    let Some(attributes) = message.bytes.get(HEADERS..) else {
+        return Err(NetlinkFormatError::BadLength {
             offset: 0,
-            length: len,
+            length: message.bytes.len(),
             available: bytes.len(),
-        });
+        }
+        .into());
     };
     Ok(Raw {
-        message_type: read_u16(bytes, 4).unwrap_or_default(),
-        flags: read_u16(bytes, 6).unwrap_or_default(),
-        seq: read_u32(bytes, 8).unwrap_or_default(),
-        port_id: read_u32(bytes, 12).unwrap_or_default(),
+        header: message.header,
         attributes,
     })
 }
@@ -1022,8 +878,8 @@ fn split_message(bytes: &[u8]) -> Result<Raw<'_>> {
 /// Malformed bytes, another message type, or a message without a set name.
 pub fn decode_list_message(bytes: &[u8]) -> Result<ListMessage> {
     let raw = split_message(bytes)?;
-    if raw.message_type != message_type(IPSET_CMD_LIST) {
-        return Err(IpsetCodecError::UnexpectedMessage(raw.message_type));
+    if raw.header.message_type != message_type(IPSET_CMD_LIST) {
+        return Err(IpsetCodecError::UnexpectedMessage(raw.header.message_type));
     }
     let mut protocol = None;
     let mut name = None;
@@ -1036,12 +892,12 @@ pub fn decode_list_message(bytes: &[u8]) -> Result<ListMessage> {
     for nla in attributes(raw.attributes) {
         let nla = nla?;
         match nla.kind {
-            IPSET_ATTR_PROTOCOL => protocol = Some(get_u8(&nla)?),
-            IPSET_ATTR_SETNAME => name = Some(get_string(&nla)?),
-            IPSET_ATTR_TYPENAME => type_name = Some(get_string(&nla)?),
-            IPSET_ATTR_FAMILY => family = Some(get_u8(&nla)?),
-            IPSET_ATTR_REVISION => revision = Some(get_u8(&nla)?),
-            IPSET_ATTR_INDEX => index = Some(get_be16(&nla)?),
+            IPSET_ATTR_PROTOCOL => protocol = Some(nla.get_u8()?),
+            IPSET_ATTR_SETNAME => name = Some(nla.get_string()?),
+            IPSET_ATTR_TYPENAME => type_name = Some(nla.get_string()?),
+            IPSET_ATTR_FAMILY => family = Some(nla.get_u8()?),
+            IPSET_ATTR_REVISION => revision = Some(nla.get_u8()?),
+            IPSET_ATTR_INDEX => index = Some(nla.get_be16()?),
             IPSET_ATTR_DATA => data = Some(decode_header_data(nla.value)?),
             IPSET_ATTR_ADT => {
                 let mut list = Vec::new();
@@ -1068,9 +924,9 @@ pub fn decode_list_message(bytes: &[u8]) -> Result<ListMessage> {
         None => None,
     };
     Ok(ListMessage {
-        flags: raw.flags,
-        seq: raw.seq,
-        port_id: raw.port_id,
+        flags: raw.header.flags,
+        seq: raw.header.seq,
+        port_id: raw.header.port_id,
         protocol: protocol.ok_or(missing("IPSET_ATTR_PROTOCOL"))?,
         name: name.ok_or(missing("IPSET_ATTR_SETNAME"))?,
         header,
@@ -1093,21 +949,9 @@ pub fn decode_list(buf: &[u8]) -> Result<Vec<ListMessage>> {
 /// The messages of `buf`, each from its `nlmsghdr` to its length; a bad length is an
 /// error (unlike [`super::netlink::messages`], which stops there).
 fn each_message(buf: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while let Some(rest) = buf.get(off..).filter(|r| !r.is_empty()) {
-        let len = read_u32(rest, 0).unwrap_or_default() as usize;
-        let Some(message) = rest.get(..len).filter(|_| len >= NLMSG_HDRLEN) else {
-            return Err(IpsetCodecError::BadLength {
-                offset: off,
-                length: len,
-                available: rest.len(),
-            });
-        };
-        out.push(message);
-        off += align4(len);
-    }
-    Ok(out)
+    nla::messages(buf)
+        .map(|message| Ok(message?.bytes))
+        .collect()
 }
 
 /// Reads a request we encode back into the operation (for fakes and tests).
@@ -1123,9 +967,9 @@ pub fn decode_request(bytes: &[u8]) -> Result<SetRequest> {
     for nla in attributes(raw.attributes) {
         let nla = nla?;
         match nla.kind {
-            IPSET_ATTR_SETNAME => name = Some(get_string(&nla)?),
-            IPSET_ATTR_TYPENAME => type_name = Some(get_string(&nla)?),
-            IPSET_ATTR_FAMILY => family = Some(get_u8(&nla)?),
+            IPSET_ATTR_SETNAME => name = Some(nla.get_string()?),
+            IPSET_ATTR_TYPENAME => type_name = Some(nla.get_string()?),
+            IPSET_ATTR_FAMILY => family = Some(nla.get_u8()?),
             IPSET_ATTR_DATA => data = Some(nla.value),
             _ => {}
         }
@@ -1138,10 +982,10 @@ pub fn decode_request(bytes: &[u8]) -> Result<SetRequest> {
             .infer()
             .ok_or(IpsetCodecError::UnknownRequest("entry"))
     };
-    if raw.message_type >> 8 != u16::from(NFNL_SUBSYS_IPSET) {
-        return Err(IpsetCodecError::UnexpectedMessage(raw.message_type));
+    if raw.header.message_type >> 8 != u16::from(NFNL_SUBSYS_IPSET) {
+        return Err(IpsetCodecError::UnexpectedMessage(raw.header.message_type));
     }
-    let command = (raw.message_type & 0xff) as u8;
+    let command = (raw.header.message_type & 0xff) as u8;
     Ok(match command {
         IPSET_CMD_CREATE => {
             let type_name = type_name.ok_or(missing("IPSET_ATTR_TYPENAME"))?;
@@ -1158,7 +1002,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<SetRequest> {
         IPSET_CMD_DESTROY => SetRequest::Destroy(name),
         IPSET_CMD_ADD => SetRequest::Add(name, entry()?),
         IPSET_CMD_DEL => SetRequest::Del(name, entry()?),
-        _ => return Err(IpsetCodecError::UnexpectedMessage(raw.message_type)),
+        _ => return Err(IpsetCodecError::UnexpectedMessage(raw.header.message_type)),
     })
 }
 

@@ -2,8 +2,9 @@
 //!
 //! IPVS has no rtnetlink interface; it is the generic-netlink family `"IPVS"` whose id is
 //! assigned at module load and resolved with `CTRL_CMD_GETFAMILY`. This module is pure:
-//! [`codec`] turns requests into bytes and kernel replies into typed values; the socket
-//! lives at the edge.
+//! [`codec`] turns requests into bytes and kernel replies into typed values, on the
+//! netlink framing it shares with [`ipset_netlink`] ([`nla`]); the socket lives at the
+//! edge.
 //!
 //! Every constant below is named after its definition in the Linux uapi headers
 //! (`include/uapi/linux/ip_vs.h`, `netlink.h`, `genetlink.h`).
@@ -15,6 +16,7 @@ pub mod ipset;
 pub mod ipset_netlink;
 pub mod kernel;
 pub mod netlink;
+pub mod nla;
 pub mod render;
 
 use std::net::IpAddr;

@@ -10,6 +10,7 @@ use std::io;
 
 use netlink_sys::Socket;
 
+use super::nla::{self, align4};
 use super::{NLM_F_ACK, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR};
 
 /// Bytes of requests per `send`; the kernel refuses a datagram larger than its send
@@ -45,22 +46,17 @@ impl RawMessage<'_> {
     }
 }
 
-/// Splits a datagram into its netlink messages. A malformed length ends the walk.
+/// Splits a datagram into its netlink messages ([`nla::messages`]). A malformed length
+/// ends the walk.
 pub fn messages(buf: &[u8]) -> impl Iterator<Item = RawMessage<'_>> {
-    let mut offset = 0;
-    std::iter::from_fn(move || {
-        let rest = buf.get(offset..)?;
-        let header = rest.get(..16)?;
-        let len = u32::from_ne_bytes(header.get(..4)?.try_into().ok()?) as usize;
-        let bytes = rest.get(..len).filter(|_| len >= 16)?;
-        offset += (len + 3) & !3;
-        Some(RawMessage {
-            message_type: u16::from_ne_bytes(header.get(4..6)?.try_into().ok()?),
-            flags: u16::from_ne_bytes(header.get(6..8)?.try_into().ok()?),
-            seq: u32::from_ne_bytes(header.get(8..12)?.try_into().ok()?),
-            bytes,
+    nla::messages(buf)
+        .map_while(Result::ok)
+        .map(|message| RawMessage {
+            message_type: message.header.message_type,
+            flags: message.header.flags,
+            seq: message.header.seq,
+            bytes: message.bytes,
         })
-    })
 }
 
 /// A netlink socket talking to the kernel, one request or batch at a time.
@@ -142,7 +138,7 @@ impl NetlinkSocket {
             request[6..8].copy_from_slice(&flags.to_ne_bytes());
             offsets.push(batch.len());
             batch.extend_from_slice(&request);
-            batch.resize((batch.len() + 3) & !3, 0);
+            batch.resize(align4(batch.len()), 0);
             if batch.len() >= BATCH_BYTES {
                 self.flush(&mut batch, &offsets, first_seq, &mut results)?;
                 batch.clear();
@@ -219,7 +215,7 @@ impl NetlinkSocket {
                     },
                     _ => {
                         out.extend_from_slice(msg.bytes);
-                        out.resize((out.len() + 3) & !3, 0);
+                        out.resize(align4(out.len()), 0);
                         if msg.flags & NLM_F_MULTI == 0 {
                             done = true;
                         }
