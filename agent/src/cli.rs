@@ -329,7 +329,7 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let report = dataplane.sync(&merged, dry_run)?;
     let elapsed = started.elapsed();
-    let endpoints = run::status::AppliedPlan::new(std::sync::Arc::new(merged.clone())).endpoints;
+    let endpoints = run::status::endpoint_count(&merged);
     let summary = format!(
         "node {} plan revision {}: {} service ports, {} endpoints; {} rules, {} changed, {} \
          conntrack entries deleted, {} ms",

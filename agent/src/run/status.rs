@@ -64,24 +64,11 @@ impl AppliedPlan {
     #[must_use]
     pub fn new(plan: Arc<MergedPlan>) -> Self {
         let service_ports = u32::try_from(plan.service_ports.len()).unwrap_or(u32::MAX);
-        let endpoints = plan
-            .service_ports
-            .iter()
-            .map(|e| {
-                let mut all: Vec<_> = e
-                    .cluster_endpoints
-                    .iter()
-                    .chain(&e.local_endpoints)
-                    .collect();
-                all.sort_unstable();
-                all.dedup();
-                all.len()
-            })
-            .sum::<usize>();
+        let endpoints = endpoint_count(&plan);
         Self {
             plan,
             service_ports,
-            endpoints: u32::try_from(endpoints).unwrap_or(u32::MAX),
+            endpoints,
         }
     }
 
@@ -90,6 +77,25 @@ impl AppliedPlan {
     pub fn is(&self, plan: &MergedPlan) -> bool {
         self.plan.revision == plan.revision && self.plan.shard_revisions == plan.shard_revisions
     }
+}
+
+/// Endpoints `plan` programs: the distinct endpoints of each service port (cluster and
+/// local lists together), summed over the service ports.
+#[must_use]
+pub fn endpoint_count(plan: &MergedPlan) -> u32 {
+    let mut all = Vec::new();
+    let endpoints = plan
+        .service_ports
+        .iter()
+        .map(|e| {
+            all.clear();
+            all.extend(e.cluster_endpoints.iter().chain(&e.local_endpoints));
+            all.sort_unstable();
+            all.dedup();
+            all.len()
+        })
+        .sum::<usize>();
+    u32::try_from(endpoints).unwrap_or(u32::MAX)
 }
 
 /// Why the last sync failed.
@@ -491,6 +497,38 @@ mod tests {
 
     fn condition<'a>(status: &'a NodeProxyPlanStatus, type_: &str) -> &'a Condition {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn endpoints_are_counted_once_per_service_port() {
+        let entry =
+            |key: &str, cluster: &[&str], local: &[&str]| {
+                let list = |ips: &[&str]| {
+                    ips.iter()
+                        .map(|ip| format!("{{ip: {ip}, port: 80}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                Arc::new(serde_yaml::from_str::<proxyplan_crds::ServicePortPlan>(&format!(
+                "{{key: {key}, namespace: d, name: w, family: IPv4, protocol: TCP, port: 80, \
+                 clusterIP: 10.96.0.1, internal: {{policy: Cluster, whenEmpty: Reject}}, \
+                 clusterEndpoints: [{}], localEndpoints: [{}], masquerade: {{all: false, \
+                 offClusterToClusterIP: false, external: false, localHostToExternal: false, \
+                 hairpin: false}}}}",
+                list(cluster),
+                list(local)
+            ))
+            .unwrap())
+            };
+        let mut plan = (*merged("r1", &[])).clone();
+        assert_eq!(endpoint_count(&plan), 0);
+        plan.service_ports = vec![
+            entry("a", &["10.0.0.1", "10.0.0.2"], &["10.0.0.2"]),
+            entry("b", &["10.0.0.1"], &["10.0.0.3"]),
+            entry("c", &[], &[]),
+        ];
+        assert_eq!(endpoint_count(&plan), 4);
+        assert_eq!(AppliedPlan::new(Arc::new(plan)).endpoints, 4);
     }
 
     #[test]
