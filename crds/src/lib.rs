@@ -22,7 +22,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use revision::{revision_of, stable_hash};
-pub use validate::{MergeCache, MergedPlan, PlanError, merge, merge_cached};
+pub use validate::{MergeCache, MergedPlan, PlanError, merge, merge_cached, merge_owned};
 
 /// API group of every proxyplan kind.
 pub const GROUP: &str = "proxyplan.dev";

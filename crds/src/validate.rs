@@ -1,6 +1,7 @@
 //! Validation and merging of a node plan with its shards: the contract between the
 //! controller, which writes plans, and the agent, which must refuse a bad plan whole.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -120,6 +121,82 @@ pub fn merge_cached(
     shards: &[ProxyPlanShard],
     cache: &mut MergeCache,
 ) -> Result<MergedPlan, PlanError> {
+    merge_with(plan, shards, cache, |_, shard| {
+        ShardEntries::Borrowed(&shard.spec.service_ports)
+    })
+}
+
+/// [`merge`] for a caller that has no further use for `plan` and `shards`: the cluster
+/// shards' entries are moved into the merged plan instead of copied, so the merge needs
+/// no second copy of them. Same result and same errors as [`merge`].
+///
+/// # Errors
+/// As [`merge`].
+pub fn merge_owned(
+    plan: NodeProxyPlan,
+    mut shards: Vec<ProxyPlanShard>,
+) -> Result<MergedPlan, PlanError> {
+    let mut named = HashSet::with_capacity(plan.spec.shards.len());
+    if !plan
+        .spec
+        .shards
+        .iter()
+        .all(|r| named.insert(r.name.as_str()))
+    {
+        // A shard named twice is merged twice (and refused if it has entries): only the
+        // copying merge can see its entries a second time.
+        return merge(&plan, &shards);
+    }
+    let mut entries: Vec<Vec<ServicePortPlan>> = shards
+        .iter_mut()
+        .map(|s| std::mem::take(&mut s.spec.service_ports))
+        .collect();
+    merge_with(&plan, &shards, &mut MergeCache::default(), |index, _| {
+        ShardEntries::Owned(
+            entries
+                .get_mut(index)
+                .map(std::mem::take)
+                .unwrap_or_default(),
+        )
+    })
+}
+
+/// A cluster shard's entries, as the merge gets them.
+enum ShardEntries<'a> {
+    /// Still in the caller's shard: copied into the merged plan.
+    Borrowed(&'a [ServicePortPlan]),
+    /// Taken from the shard: moved into the merged plan.
+    Owned(Vec<ServicePortPlan>),
+}
+
+impl<'a> ShardEntries<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Borrowed(list) => list.len(),
+            Self::Owned(list) => list.len(),
+        }
+    }
+
+    fn into_entries(self) -> impl Iterator<Item = Cow<'a, ServicePortPlan>> {
+        let (borrowed, owned) = match self {
+            Self::Borrowed(list) => (list, Vec::new()),
+            Self::Owned(list) => (&[][..], list),
+        };
+        borrowed
+            .iter()
+            .map(Cow::Borrowed)
+            .chain(owned.into_iter().map(Cow::Owned))
+    }
+}
+
+/// The merge, with the entries of a cluster shard that is not in `cache` from
+/// `entries_of(position in shards, shard)`.
+fn merge_with<'a>(
+    plan: &NodeProxyPlan,
+    shards: &'a [ProxyPlanShard],
+    cache: &mut MergeCache,
+    mut entries_of: impl FnMut(usize, &'a ProxyPlanShard) -> ShardEntries<'a>,
+) -> Result<MergedPlan, PlanError> {
     let plan_name = kube::ResourceExt::name_any(plan);
     let object = format!("NodeProxyPlan/{plan_name}");
     let spec = &plan.spec;
@@ -138,9 +215,11 @@ pub fn merge_cached(
         addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
     }
 
-    let by_name: HashMap<String, &ProxyPlanShard> = shards
+    // By name, the last of a name wins.
+    let by_name: HashMap<String, (usize, &ProxyPlanShard)> = shards
         .iter()
-        .map(|s| (kube::ResourceExt::name_any(s), s))
+        .enumerate()
+        .map(|(position, s)| (kube::ResourceExt::name_any(s), (position, s)))
         .collect();
     // Every cluster entry with where it came from: (entry, shard, index in the shard).
     let mut entries: Vec<(Arc<ServicePortPlan>, usize, usize)> = Vec::new();
@@ -148,7 +227,7 @@ pub fn merge_cached(
     let mut shard_revisions = BTreeMap::new();
     let mut used = HashSet::new();
     for (index, shard_ref) in spec.shards.iter().enumerate() {
-        let Some(shard) = by_name.get(&shard_ref.name) else {
+        let Some(&(position, shard)) = by_name.get(&shard_ref.name) else {
             return Err(PlanError::MissingShard {
                 plan: plan_name,
                 index,
@@ -176,10 +255,11 @@ pub fn merge_cached(
                             .map(|(i, e)| (Arc::clone(e), index, i)),
                     );
                 } else {
-                    let mut fresh = Vec::with_capacity(shard.spec.service_ports.len());
-                    for (i, entry) in shard.spec.service_ports.iter().enumerate() {
-                        shard_check.entry(&|| format!("spec.servicePorts[{i}]"), entry)?;
-                        fresh.push(Arc::new(entry.clone()));
+                    let list = entries_of(position, shard);
+                    let mut fresh = Vec::with_capacity(list.len());
+                    for (i, entry) in list.into_entries().enumerate() {
+                        shard_check.entry(&|| format!("spec.servicePorts[{i}]"), &entry)?;
+                        fresh.push(Arc::new(entry.into_owned()));
                     }
                     entries.extend(
                         fresh

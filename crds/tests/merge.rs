@@ -4,9 +4,9 @@
 
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
-    MasqueradePlan, MergeCache, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
+    MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
     ProxyPlanShard, ProxyPlanShardSpec, ServicePortPlan, ShardRef, ShardScope, TrafficPlan,
-    TrafficPolicy, merge, merge_cached,
+    TrafficPolicy, merge, merge_cached, merge_owned,
 };
 use std::sync::Arc;
 
@@ -100,6 +100,14 @@ fn zone_shard(name: &str, zone: &str, overrides: Vec<EndpointOverride>) -> Proxy
 
 const KEY: &str = "default/web:http/TCP/IPv4";
 
+/// `merge`, checked against `merge_owned` (which must agree on every result and error).
+fn merged(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPlan, PlanError> {
+    let copied = merge(plan, shards);
+    let owned = merge_owned(plan.clone(), shards.to_vec());
+    assert_eq!(copied, owned, "merge and merge_owned disagree");
+    copied
+}
+
 #[test]
 fn node_overlay_wins_over_zone_over_cluster() {
     let cluster = cluster_shard(
@@ -127,22 +135,19 @@ fn node_overlay_wins_over_zone_over_cluster() {
             local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
         }],
     );
-    let merged = merge(&p, &[cluster.clone(), zone.clone()]).expect("valid");
+    let m = merged(&p, &[cluster.clone(), zone.clone()]).expect("valid");
     assert_eq!(
-        merged.service_ports[0].cluster_endpoints,
+        m.service_ports[0].cluster_endpoints,
         vec![ep("10.0.0.2", 80)]
     );
+    assert_eq!(m.service_ports[0].local_endpoints, vec![ep("10.0.0.9", 80)]);
     assert_eq!(
-        merged.service_ports[0].local_endpoints,
-        vec![ep("10.0.0.9", 80)]
-    );
-    assert_eq!(
-        merged.shard_revisions.get("zone-z1-0").map(String::as_str),
+        m.shard_revisions.get("zone-z1-0").map(String::as_str),
         Some("zone-z1-0-rev")
     );
     // Shards the plan does not name are ignored.
     let other = cluster_shard("cluster-9", vec![entry("x/y:/TCP/IPv4", "bad", vec![])]);
-    assert!(merge(&p, &[cluster, zone, other]).is_ok());
+    assert!(merged(&p, &[cluster, zone, other]).is_ok());
 }
 
 #[test]
@@ -155,14 +160,14 @@ fn errors_name_the_object_and_the_field() {
             vec![ep("10.0.0.1", 80), ep("fd00::1", 80)],
         )],
     );
-    let err = merge(&plan(&["cluster-0"], vec![]), &[bad_ip]).expect_err("family mismatch");
+    let err = merged(&plan(&["cluster-0"], vec![]), &[bad_ip]).expect_err("family mismatch");
     assert_eq!(
         err.to_string(),
         "ProxyPlanShard/cluster-0: spec.servicePorts[0].clusterEndpoints[1].ip: fd00::1 is not an IPv4 address"
     );
     assert_eq!(err.label(), "invalid_field");
 
-    let err = merge(
+    let err = merged(
         &plan(&["cluster-0", "cluster-1"], vec![]),
         &[cluster_shard("cluster-0", vec![])],
     )
@@ -181,7 +186,7 @@ fn errors_name_the_object_and_the_field() {
         cluster_endpoints: None,
         local_endpoints: Some(vec![]),
     }];
-    let err = merge(
+    let err = merged(
         &plan(&["cluster-0"], dangling),
         &[cluster_shard("cluster-0", vec![])],
     )
@@ -192,7 +197,7 @@ fn errors_name_the_object_and_the_field() {
     );
 
     let wrong_zone = zone_shard("zone-z2-0", "z2", vec![]);
-    let err = merge(&plan(&["zone-z2-0"], vec![]), &[wrong_zone]).expect_err("zone");
+    let err = merged(&plan(&["zone-z2-0"], vec![]), &[wrong_zone]).expect_err("zone");
     assert!(
         err.to_string()
             .starts_with("ProxyPlanShard/zone-z2-0: spec.zone: zone Some(\"z2\")"),
@@ -207,7 +212,7 @@ fn errors_name_the_object_and_the_field() {
             vec![ep("10.0.0.1", 80), ep("10.0.0.1", 80)],
         )],
     );
-    let err = merge(&plan(&["cluster-0"], vec![]), &[dup]).expect_err("duplicate");
+    let err = merged(&plan(&["cluster-0"], vec![]), &[dup]).expect_err("duplicate");
     assert_eq!(
         err.to_string(),
         "ProxyPlanShard/cluster-0: spec.servicePorts[0].clusterEndpoints[1]: duplicate endpoint 10.0.0.1:80"
@@ -215,7 +220,7 @@ fn errors_name_the_object_and_the_field() {
 
     let mut zero = entry(KEY, "10.96.0.1", vec![]);
     zero.node_port = Some(0);
-    let err = merge(
+    let err = merged(
         &plan(&["cluster-0"], vec![]),
         &[cluster_shard("cluster-0", vec![zero])],
     )
@@ -249,7 +254,7 @@ fn a_key_in_two_cluster_shards_names_the_later_one() {
             entry(KEY, "10.96.0.3", vec![]),
         ],
     );
-    let err = merge(&plan(&["cluster-0", "cluster-1"], vec![]), &[a, b]).expect_err("dup");
+    let err = merged(&plan(&["cluster-0", "cluster-1"], vec![]), &[a, b]).expect_err("dup");
     assert_eq!(
         err.to_string(),
         format!("ProxyPlanShard/cluster-1: spec.servicePorts[1].key: duplicate key {KEY}")
@@ -323,4 +328,32 @@ fn merge_cached_shares_unchanged_entries_and_checks_changed_shards_again() {
     // Shards no longer named leave the cache.
     merge_cached(&plan(&["cluster-1"], vec![]), &[two], &mut cache).expect("merges");
     assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn a_shard_named_twice() {
+    let cluster = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
+    let err = merged(&plan(&["cluster-0", "cluster-0"], vec![]), &[cluster]).expect_err("twice");
+    assert_eq!(
+        err.to_string(),
+        format!("ProxyPlanShard/cluster-0: spec.servicePorts[0].key: duplicate key {KEY}")
+    );
+    let zone = zone_shard("zone-z1-0", "z1", vec![]);
+    let p = plan(&["cluster-0", "zone-z1-0", "zone-z1-0"], vec![]);
+    let cluster = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
+    assert_eq!(
+        merged(&p, &[cluster, zone])
+            .expect("valid")
+            .service_ports
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn the_last_shard_of_a_name_is_merged() {
+    let first = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
+    let last = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.2", vec![])]);
+    let m = merged(&plan(&["cluster-0"], vec![]), &[first, last]).expect("valid");
+    assert_eq!(m.service_ports[0].cluster_ip, "10.96.0.2");
 }
