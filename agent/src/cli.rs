@@ -322,13 +322,11 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         dataplane: dataplane_args,
         render,
     } = args;
-    // The parsed plan and shards go out of scope here: only the merged plan stays for the
-    // dataplane.
-    let merged = {
-        let (node_plan, shards) = plan_file::read(&plan)?;
-        proxyplan_crds::merge(&node_plan, &shards)
-            .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?
-    };
+    // The merge takes the parsed plan and shards (moving their entries) and drops the
+    // rest: only the merged plan is left when the dataplane starts.
+    let (node_plan, shards) = plan_file::read(&plan)?;
+    let merged = proxyplan_crds::merge_owned(node_plan, shards)
+        .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
     let mut dataplane = dataplane(&dataplane_args, render.settings())?;
     let started = std::time::Instant::now();
     let report = dataplane.sync(&merged, dry_run)?;
@@ -370,10 +368,8 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let CheckArgs { plan, rules } = args;
-    let merged = {
-        let (node_plan, shards) = plan_file::read(&plan)?;
-        proxyplan_crds::merge(&node_plan, &shards)?
-    };
+    let (node_plan, shards) = plan_file::read(&plan)?;
+    let merged = proxyplan_crds::merge_owned(node_plan, shards)?;
     print_merged(&merged);
     if rules {
         let rendered = proxyplan_agent::iptables::render(&merged, &RenderSettings::default());
