@@ -3,7 +3,12 @@
 
 use std::path::Path;
 
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use proxyplan_crds::{
+    NodeProxyPlan, NodeProxyPlanSpec, NodeProxyPlanStatus, ProxyPlanShard, ProxyPlanShardSpec,
+};
+use serde::de::{self, EnumAccess, IgnoredAny, MapAccess, SeqAccess, VariantAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 /// Why a plan file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +68,9 @@ pub fn read(path: &Path) -> Result<(NodeProxyPlan, Vec<ProxyPlanShard>), PlanFil
 
 /// Parses the text of a plan file; `path` names it in errors.
 ///
+/// Each document is deserialized once, straight into its typed object (the `kind` picks
+/// the type), so a document is never held as a generic YAML tree beside its typed copy.
+///
 /// # Errors
 /// When the text does not hold exactly one plan plus shards.
 pub fn parse(
@@ -72,26 +80,24 @@ pub fn parse(
     let mut plans = Vec::new();
     let mut shards = Vec::new();
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let parse_error = |source| PlanFileError::Parse {
-            path: path.to_owned(),
-            document: i + 1,
-            source,
-        };
-        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document)
-            .map_err(parse_error)?;
-        match value.get("kind").and_then(serde_yaml::Value::as_str) {
-            Some("NodeProxyPlan") => {
-                plans.push(serde_yaml::from_value(value).map_err(parse_error)?)
+        let parsed =
+            PlanDocument::deserialize(document).map_err(|source| PlanFileError::Parse {
+                path: path.to_owned(),
+                document: i + 1,
+                source,
+            })?;
+        match parsed {
+            PlanDocument::Plan(plan) => plans.push(*plan),
+            PlanDocument::Shard(mut shard) => {
+                fit_shard(&mut shard);
+                shards.push(*shard);
             }
-            Some("ProxyPlanShard") => {
-                shards.push(serde_yaml::from_value(value).map_err(parse_error)?);
-            }
-            None if value.is_null() => {}
-            other => {
+            PlanDocument::Empty => {}
+            PlanDocument::Other(kind) => {
                 return Err(PlanFileError::UnexpectedKind {
                     path: path.to_owned(),
                     document: i + 1,
-                    kind: other.map(str::to_owned),
+                    kind,
                 });
             }
         }
@@ -104,6 +110,271 @@ pub fn parse(
     }
     let plan = plans.remove(0);
     Ok((plan, shards))
+}
+
+/// Gives back the room a shard's lists were left with: a YAML sequence does not say how
+/// long it is, so its list grew by doubling. Done while parsing goes on, the freed room is
+/// reused by the next documents.
+fn fit_shard(shard: &mut ProxyPlanShard) {
+    let spec = &mut shard.spec;
+    for entry in &mut spec.service_ports {
+        entry.cluster_endpoints.shrink_to_fit();
+        entry.local_endpoints.shrink_to_fit();
+    }
+    spec.service_ports.shrink_to_fit();
+}
+
+/// One document of a plan file.
+enum PlanDocument {
+    Plan(Box<NodeProxyPlan>),
+    Shard(Box<ProxyPlanShard>),
+    /// A document of another kind; `None` when it has no string `kind` (or is no mapping).
+    Other(Option<String>),
+    /// An empty (null) document.
+    Empty,
+}
+
+impl<'de> Deserialize<'de> for PlanDocument {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DocumentVisitor)
+    }
+}
+
+/// The top-level keys a plan document is dispatched on.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum DocumentKey {
+    Kind,
+    Metadata,
+    Spec,
+    Status,
+    #[serde(other)]
+    Other,
+}
+
+/// What a document's `kind` says it is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dispatch {
+    /// No `kind` read yet.
+    Unknown,
+    Plan,
+    Shard,
+    /// Another kind, or a `kind` that is not a string: the rest is skipped.
+    Other,
+}
+
+/// A top-level field of a document.
+enum Slot<T> {
+    Absent,
+    /// Read before `kind` said which type it is: kept as YAML until then (documents
+    /// normally start with `kind`, so this is rare and small).
+    Early(serde_yaml::Value),
+    Typed(T),
+}
+
+impl<T> Slot<T> {
+    /// Reads the field's value: with `typed` when the kind is known, as YAML otherwise.
+    fn fill<'de, A: MapAccess<'de>>(
+        &mut self,
+        map: &mut A,
+        field: &'static str,
+        dispatch: Dispatch,
+        typed: impl FnOnce(&mut A) -> Result<T, A::Error>,
+    ) -> Result<(), A::Error> {
+        if !matches!(self, Self::Absent) {
+            return Err(de::Error::duplicate_field(field));
+        }
+        *self = if dispatch == Dispatch::Unknown {
+            Self::Early(map.next_value()?)
+        } else {
+            Self::Typed(typed(map)?)
+        };
+        Ok(())
+    }
+
+    /// The value, if the field was there; one read early is converted with `late`.
+    fn finish<E: de::Error>(
+        self,
+        late: impl FnOnce(serde_yaml::Value) -> Result<T, serde_yaml::Error>,
+    ) -> Result<Option<T>, E> {
+        match self {
+            Self::Absent => Ok(None),
+            Self::Early(value) => late(value).map(Some).map_err(E::custom),
+            Self::Typed(value) => Ok(Some(value)),
+        }
+    }
+}
+
+/// The spec of a plan or of a shard.
+enum Spec {
+    Plan(NodeProxyPlanSpec),
+    Shard(ProxyPlanShardSpec),
+}
+
+/// The top-level fields of one mapping document, read in any order.
+struct DocumentFields {
+    kind: Option<Option<String>>,
+    dispatch: Dispatch,
+    metadata: Slot<ObjectMeta>,
+    spec: Slot<Spec>,
+    status: Slot<Option<NodeProxyPlanStatus>>,
+}
+
+impl DocumentFields {
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: DocumentKey,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let dispatch = self.dispatch;
+        match (key, dispatch) {
+            (DocumentKey::Kind, _) => {
+                if self.kind.is_some() {
+                    return Err(de::Error::duplicate_field("kind"));
+                }
+                let value: serde_yaml::Value = map.next_value()?;
+                let kind = value.as_str().map(str::to_owned);
+                self.dispatch = match kind.as_deref() {
+                    Some("NodeProxyPlan") => Dispatch::Plan,
+                    Some("ProxyPlanShard") => Dispatch::Shard,
+                    _ => Dispatch::Other,
+                };
+                self.kind = Some(kind);
+                Ok(())
+            }
+            (DocumentKey::Metadata, Dispatch::Unknown | Dispatch::Plan | Dispatch::Shard) => self
+                .metadata
+                .fill(map, "metadata", dispatch, MapAccess::next_value),
+            (DocumentKey::Spec, Dispatch::Unknown | Dispatch::Plan | Dispatch::Shard) => {
+                self.spec.fill(map, "spec", dispatch, |map| {
+                    if dispatch == Dispatch::Plan {
+                        map.next_value().map(Spec::Plan)
+                    } else {
+                        map.next_value().map(Spec::Shard)
+                    }
+                })
+            }
+            (DocumentKey::Status, Dispatch::Unknown | Dispatch::Plan) => {
+                self.status
+                    .fill(map, "status", dispatch, MapAccess::next_value)
+            }
+            // A shard has no status; other kinds and other fields (`apiVersion`, ...) are
+            // not read.
+            _ => map.next_value::<IgnoredAny>().map(drop),
+        }
+    }
+
+    fn finish<E: de::Error>(self) -> Result<PlanDocument, E> {
+        let Self {
+            kind,
+            dispatch,
+            metadata,
+            spec,
+            status,
+        } = self;
+        if !matches!(dispatch, Dispatch::Plan | Dispatch::Shard) {
+            return Ok(PlanDocument::Other(kind.flatten()));
+        }
+        let metadata = metadata
+            .finish(serde_yaml::from_value)?
+            .ok_or_else(|| de::Error::missing_field("metadata"))?;
+        let spec = spec
+            .finish(|value| {
+                if dispatch == Dispatch::Plan {
+                    serde_yaml::from_value(value).map(Spec::Plan)
+                } else {
+                    serde_yaml::from_value(value).map(Spec::Shard)
+                }
+            })?
+            .ok_or_else(|| de::Error::missing_field("spec"))?;
+        Ok(match spec {
+            Spec::Plan(spec) => PlanDocument::Plan(Box::new(NodeProxyPlan {
+                metadata,
+                spec,
+                status: status.finish(serde_yaml::from_value)?.flatten(),
+            })),
+            Spec::Shard(spec) => PlanDocument::Shard(Box::new(ProxyPlanShard { metadata, spec })),
+        })
+    }
+}
+
+struct DocumentVisitor;
+
+impl DocumentVisitor {
+    #[allow(clippy::unnecessary_wraps)]
+    fn other<E>(self) -> Result<PlanDocument, E> {
+        Ok(PlanDocument::Other(None))
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentVisitor {
+    type Value = PlanDocument;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a NodeProxyPlan or ProxyPlanShard")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PlanDocument, A::Error> {
+        let mut fields = DocumentFields {
+            kind: None,
+            dispatch: Dispatch::Unknown,
+            metadata: Slot::Absent,
+            spec: Slot::Absent,
+            status: Slot::Absent,
+        };
+        while let Some(key) = map.next_key::<DocumentKey>()? {
+            fields.read(key, &mut map)?;
+        }
+        fields.finish()
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PlanDocument, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        self.other()
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<PlanDocument, A::Error> {
+        // A tagged node (`!Tag ...`).
+        let (IgnoredAny, variant) = data.variant()?;
+        variant.newtype_variant::<IgnoredAny>()?;
+        self.other()
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<PlanDocument, E> {
+        Ok(PlanDocument::Empty)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<PlanDocument, E> {
+        Ok(PlanDocument::Empty)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_i128<E: de::Error>(self, _: i128) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_u128<E: de::Error>(self, _: u128) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<PlanDocument, E> {
+        self.other()
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<PlanDocument, E> {
+        self.other()
+    }
 }
 
 #[cfg(test)]
@@ -181,6 +452,14 @@ spec:
     }
 
     #[test]
+    fn shard_lists_keep_no_spare_room() {
+        let (_, shards) = parse_ok(&format!("{PLAN}---\n{SHARD}"));
+        let spec = &shards[0].spec;
+        assert_eq!(spec.service_ports.capacity(), 1);
+        assert_eq!(spec.service_ports[0].cluster_endpoints.capacity(), 1);
+    }
+
+    #[test]
     fn field_order_and_empty_documents_do_not_matter() {
         // `kind` after `spec`, the shard before the plan, empty documents in between.
         let reordered = SHARD.replacen("kind: ProxyPlanShard\n", "", 1) + "kind: ProxyPlanShard\n";
@@ -188,6 +467,42 @@ spec:
         assert_eq!(plan.spec.node_name, "n1");
         assert_eq!(shards[0].spec.revision, "s1");
         assert_eq!(shards[0].spec.service_ports[0].port, 80);
+    }
+
+    #[test]
+    fn a_plan_keeps_its_status_wherever_it_is() {
+        let status = "status:\n  appliedRevision: r0\n";
+        for text in [format!("{PLAN}{status}"), format!("{status}{PLAN}")] {
+            let (plan, _) = parse_ok(&text);
+            let applied = plan.status.and_then(|s| s.applied_revision);
+            assert_eq!(applied.as_deref(), Some("r0"), "{text}");
+        }
+        let (plan, _) = parse_ok(&format!("{PLAN}status: null\n"));
+        assert_eq!(plan.status, None);
+    }
+
+    #[test]
+    fn fields_of_other_kinds_are_not_read() {
+        // Neither `metadata: 5` (read before `kind`) nor `spec` is a plan's.
+        let err = parse_err(&format!(
+            "{PLAN}---\nmetadata: 5\nspec: [1]\nkind: ConfigMap\n"
+        ));
+        assert!(
+            matches!(
+                &err,
+                PlanFileError::UnexpectedKind { document: 2, kind: Some(k), .. } if k == "ConfigMap"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_repeated_field_is_refused() {
+        let err = parse_err(&format!("{PLAN}spec:\n  nodeName: n2\n"));
+        assert!(
+            matches!(err, PlanFileError::Parse { document: 1, .. }),
+            "{err}"
+        );
     }
 
     #[test]
