@@ -9,15 +9,17 @@
 //! endpoint change at a time (a Cluster-policy Service's pod moved: planner → new merged
 //! plan → `sync` returns; median / p99, with the time spent in `iptables-restore` and the
 //! same sync as a dry run: render, diff and payload without the kernel), cleanup, and the
-//! memory of the real `proxyplan-agent apply` binary on the same plan file.
+//! memory of the real `proxyplan-agent apply` binary on the same plan file (and of the
+//! same `apply --dry-run`).
 //!
 //! Environment: `AGENT_BENCH_SIZES` (comma-separated Service counts, default
-//! `10000,1000`), `AGENT_BENCH_BACKENDS` (default `nft,legacy`), `AGENT_BENCH_ENDPOINTS`
-//! (10), `AGENT_BENCH_NODES` (100), `AGENT_BENCH_ZONES` (10), `AGENT_BENCH_LOCAL` (0.05),
-//! `AGENT_BENCH_HINTED` (0.05), `AGENT_BENCH_CHANGES` (50), `AGENT_BENCH_SEED` (1),
-//! `AGENT_BENCH_BINARY` (`1`: also measure the real binary; `0`: skip),
-//! `AGENT_BENCH_BINARY_BACKEND` (the binary's `--iptables-backend`, default `nft`). Without `--bench`
-//! (as `cargo test --benches` runs it) the defaults shrink to a smoke test.
+//! `10000,1000`), `AGENT_BENCH_BACKENDS` (default `nft,legacy`; `none`: only the binary),
+//! `AGENT_BENCH_ENDPOINTS` (10), `AGENT_BENCH_NODES` (100), `AGENT_BENCH_ZONES` (10),
+//! `AGENT_BENCH_LOCAL` (0.05), `AGENT_BENCH_HINTED` (0.05), `AGENT_BENCH_CHANGES` (50),
+//! `AGENT_BENCH_SEED` (1), `AGENT_BENCH_BINARY` (`1`: also measure the real binary; `0`:
+//! skip), `AGENT_BENCH_BINARY_BACKEND` (the binary's `--iptables-backend`, default `nft`),
+//! `KEEP_PLAN` (set: keep the binary's plan file in the temporary directory). Without
+//! `--bench` (as `cargo test --benches` runs it) the defaults shrink to a smoke test.
 //!
 //! Needs root (network namespaces): otherwise it prints SKIPPED and exits 0. Each size
 //! runs in a child process of this binary so that its peak memory is its own.
@@ -43,6 +45,8 @@ use serde::{Deserialize, Serialize};
 const CHILD_VAR: &str = "AGENT_BENCH_CHILD_SERVICES";
 const RESULT_PREFIX: &str = "AGENT_BENCH_RESULT ";
 const NODE: &str = "node-00000";
+/// The column of a size run without back ends.
+const BINARY_ONLY: &str = "binary only";
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
@@ -78,11 +82,13 @@ fn sizes() -> Vec<usize> {
         .collect()
 }
 
+/// The back ends to run; `none` (or nothing) runs none, only the binary.
 fn backends() -> Vec<String> {
     std::env::var("AGENT_BENCH_BACKENDS")
         .unwrap_or_else(|_| "nft,legacy".to_owned())
         .split(',')
         .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s != "none")
         .collect()
 }
 
@@ -116,6 +122,9 @@ struct BinaryResult {
     /// The agent process's own `VmHWM`, polled.
     own_hwm_kib: u64,
     plan_file_bytes: usize,
+    /// The same `apply` with `--dry-run`: the agent process's `VmHWM`.
+    dry_run_hwm_kib: u64,
+    dry_run_error: Option<String>,
 }
 
 /// What one size measured.
@@ -381,11 +390,16 @@ fn binary_backend() -> String {
     std::env::var("AGENT_BENCH_BINARY_BACKEND").unwrap_or_else(|_| "nft".to_owned())
 }
 
-/// `proxyplan-agent apply --plan FILE` under `/usr/bin/time -v` in a fresh namespace.
-fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
-    let mut result = BinaryResult::default();
-    let file = dir.join(format!("plan-{}.yaml", std::process::id()));
-    result.plan_file_bytes = objects.write_file(&file);
+/// One run of the agent binary.
+struct AgentRun {
+    wall: Duration,
+    max_rss_kib: u64,
+    own_hwm_kib: u64,
+    error: Option<String>,
+}
+
+/// `proxyplan-agent apply --plan FILE [extra]` under `/usr/bin/time -v` in a fresh namespace.
+fn run_agent(file: &Path, extra: &[&str]) -> AgentRun {
     let ns = Netns::new("bin");
     let agent = PathBuf::from(env!("CARGO_BIN_EXE_proxyplan-agent"));
     let start = Instant::now();
@@ -400,7 +414,8 @@ fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
             &binary_backend(),
             "--plan",
         ])
-        .arg(&file)
+        .arg(file)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -427,21 +442,38 @@ fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
         std::thread::sleep(Duration::from_millis(5));
     }
     let output = child.wait_with_output().expect("agent output");
-    result.wall = Some(start.elapsed());
-    result.own_hwm_kib = hwm;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        result.error = Some(stderr.lines().take(3).collect::<Vec<_>>().join(" "));
+    AgentRun {
+        wall: start.elapsed(),
+        max_rss_kib: stderr
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0),
+        own_hwm_kib: hwm,
+        error: (!output.status.success())
+            .then(|| stderr.lines().take(3).collect::<Vec<_>>().join(" ")),
     }
-    result.max_rss_kib = stderr
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+}
+
+/// The real binary's `apply` of the plan file, then the same with `--dry-run`.
+fn run_binary(objects: &Objects, dir: &Path) -> BinaryResult {
+    let file = dir.join(format!("plan-{}.yaml", std::process::id()));
+    let plan_file_bytes = objects.write_file(&file);
+    let applied = run_agent(&file, &[]);
+    let dry = run_agent(&file, &["--dry-run"]);
     if std::env::var("KEEP_PLAN").is_err() {
         let _ = std::fs::remove_file(&file);
     }
-    result
+    BinaryResult {
+        error: applied.error,
+        wall: Some(applied.wall),
+        max_rss_kib: applied.max_rss_kib,
+        own_hwm_kib: applied.own_hwm_kib,
+        plan_file_bytes,
+        dry_run_hwm_kib: dry.own_hwm_kib,
+        dry_run_error: dry.error,
+    }
 }
 
 fn run_size(services: usize) -> SizeResult {
@@ -548,9 +580,21 @@ fn print_table(results: &[SizeResult]) {
         s.zones,
         s.seed
     );
+    // A size run without back ends (`AGENT_BENCH_BACKENDS=none`) gets one column for the
+    // binary.
+    let binary_only = BackendResult {
+        backend: BINARY_ONLY.to_owned(),
+        ..BackendResult::default()
+    };
     let columns: Vec<(&SizeResult, &BackendResult)> = results
         .iter()
-        .flat_map(|r| r.backends.iter().map(move |b| (r, b)))
+        .flat_map(|r| {
+            if r.backends.is_empty() {
+                vec![(r, &binary_only)]
+            } else {
+                r.backends.iter().map(|b| (r, b)).collect()
+            }
+        })
         .collect();
     type Cell = fn(&SizeResult, &BackendResult) -> String;
     let ok = |b: &BackendResult, f: &dyn Fn() -> String| match &b.error {
@@ -647,6 +691,14 @@ fn print_table(results: &[SizeResult]) {
             "< 40 MiB",
         ),
         (
+            "  the same with --dry-run (VmHWM, polled)",
+            |r, _| match &r.binary.dry_run_error {
+                Some(e) => format!("failed: {}", e.chars().take(40).collect::<String>()),
+                None => mib(r.binary.dry_run_hwm_kib),
+            },
+            "",
+        ),
+        (
             "  plan file (YAML)",
             |r, _| bytes(r.binary.plan_file_bytes),
             "",
@@ -665,11 +717,14 @@ fn print_table(results: &[SizeResult]) {
                     if label.contains("binary")
                         || label.starts_with("  max RSS")
                         || label.starts_with("  agent process")
+                        || label.starts_with("  the same with --dry-run")
                         || label.starts_with("  plan file")
                         || label.starts_with("bench")
                         || label.starts_with("service")
                     {
                         f(r, b)
+                    } else if b.backend == BINARY_ONLY {
+                        "-".to_owned()
                     } else {
                         ok(b, &|| f(r, b))
                     }
