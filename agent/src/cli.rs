@@ -327,9 +327,11 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     let (node_plan, shards) = plan_file::read(&plan)?;
     let merged = proxyplan_crds::merge_owned(node_plan, shards)
         .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
+    // Shared, not copied: ipvs mode keeps the plan it synced to compare the next with.
+    let merged = std::sync::Arc::new(merged);
     let mut dataplane = dataplane(&dataplane_args, render.settings())?;
     let started = std::time::Instant::now();
-    let report = dataplane.sync(&merged, dry_run)?;
+    let report = dataplane.sync_shared(&merged, dry_run)?;
     let elapsed = started.elapsed();
     let endpoints = run::status::endpoint_count(&merged);
     let summary = format!(
