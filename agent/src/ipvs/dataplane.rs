@@ -423,41 +423,45 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         if dry_run {
             return Ok(());
         }
-        let ops: Vec<SetOp<'_>> = changes
-            .iter()
-            .map(|change| {
-                let name = sets.name(change);
-                match *change {
-                    SetChange::Create(_, spec) => SetOp::Create { name, spec },
-                    SetChange::Add(_, entry) => SetOp::Add(name, entry),
-                    SetChange::Del(_, entry) => SetOp::Del(name, entry),
-                    SetChange::Destroy(_) => SetOp::Destroy(name),
-                }
-            })
-            .collect();
-        let results = self.kernel.set_ops(&ops)?;
         let mut failures = Vec::new();
         let mut failed = 0;
-        for ((change, op), errno) in changes.iter().zip(&ops).zip(results) {
-            // Deleting an entry that is already gone is done.
-            let done = errno == 0
-                || (matches!(op, SetOp::Del(..)) && errno == -ipset_netlink::IPSET_ERR_EXIST);
-            if done {
-                continue;
-            }
-            failed += 1;
-            if failures.len() < 5 {
-                let hint = if matches!(op, SetOp::Create { .. }) && errno == -17 {
-                    " (a set of that name exists with another type or family: run \
+        // In rounds, so a first apply's 150,000 additions are never all in memory as
+        // requests at once.
+        for round in changes.chunks(OPS_PER_ROUND) {
+            let ops: Vec<SetOp<'_>> = round
+                .iter()
+                .map(|change| {
+                    let name = sets.name(change);
+                    match *change {
+                        SetChange::Create(_, spec) => SetOp::Create { name, spec },
+                        SetChange::Add(_, entry) => SetOp::Add(name, entry),
+                        SetChange::Del(_, entry) => SetOp::Del(name, entry),
+                        SetChange::Destroy(_) => SetOp::Destroy(name),
+                    }
+                })
+                .collect();
+            let results = self.kernel.set_ops(&ops)?;
+            for ((change, op), errno) in round.iter().zip(&ops).zip(results) {
+                // Deleting an entry that is already gone is done.
+                let done = errno == 0
+                    || (matches!(op, SetOp::Del(..)) && errno == -ipset_netlink::IPSET_ERR_EXIST);
+                if done {
+                    continue;
+                }
+                failed += 1;
+                if failures.len() < 5 {
+                    let hint = if matches!(op, SetOp::Create { .. }) && errno == -17 {
+                        " (a set of that name exists with another type or family: run \
                      `proxyplan-agent cleanup --mode ipvs` and restart the agent)"
-                } else {
-                    ""
-                };
-                failures.push(format!(
-                    "{}: {}{hint}",
-                    sets.script(std::slice::from_ref(change)).trim_end(),
-                    ipset_netlink::error_name(errno)
-                ));
+                    } else {
+                        ""
+                    };
+                    failures.push(format!(
+                        "{}: {}{hint}",
+                        sets.script(std::slice::from_ref(change)).trim_end(),
+                        ipset_netlink::error_name(errno)
+                    ));
+                }
             }
         }
         match failures.first() {
@@ -535,7 +539,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         let full = dry_run || model.sets.is_some() || !self.desired.can_update(plan, &node);
         let start = Instant::now();
         let changes = if full {
-            self.full_changes(plan, node, &model, dry_run)?
+            self.full_changes(plan, node, &mut model, dry_run)?
         } else {
             self.partial_changes(plan, &model)
         };
@@ -589,11 +593,16 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         &mut self,
         plan: &Arc<MergedPlan>,
         node: render::NodeContext,
-        model: &Model,
+        model: &mut Model,
         dry_run: bool,
     ) -> Result<Changes, DataplaneError> {
-        let kernel_sets = match &model.sets {
-            Some(sets) => sets.clone(),
+        let kernel_sets = match model.sets.take() {
+            // A dry run leaves the model as it found it.
+            Some(sets) if dry_run => {
+                model.sets = Some(sets.clone());
+                sets
+            }
+            Some(sets) => sets,
             // The kernel holds what was wanted last.
             None => self.desired.sets(),
         };
