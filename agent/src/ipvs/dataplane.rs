@@ -608,7 +608,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         };
         let mut desired = Desired::new();
         let servers = desired.rebuild(plan, node);
-        let sets = SetChanges::between(&desired.sets(), &kernel_sets);
+        let sets = desired.set_changes(&kernel_sets);
         drop(kernel_sets);
         if let Some(name) = sets.mismatched.first() {
             return Err(DataplaneError::ToolFailed {

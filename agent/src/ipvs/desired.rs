@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
-use super::ipset::{IpSet, SetEntry, Sets};
+use super::ipset::{IpSet, SetChanges, SetEntry, Sets};
 use super::render::{
     Contribution, NodeContext, SetId, VirtualServer, VirtualServerKey, contribute,
 };
@@ -305,6 +305,50 @@ impl Desired {
             .collect()
     }
 
+    /// The set changes that bring `kernel` to what is wanted, straight from the counts
+    /// (no copy of the wanted sets): creates and additions first, then deletions, and
+    /// destroys of sets nothing wants. Sets of the wrong type are listed as mismatched.
+    #[must_use]
+    pub fn set_changes(&self, kernel: &Sets) -> SetChanges {
+        let mut out = SetChanges::default();
+        let wanted: BTreeMap<SetId, String> = self.set_ids().map(|id| (id, id.name())).collect();
+        let mut usable: HashMap<SetId, Option<&IpSet>> = HashMap::new();
+        for (id, name) in &wanted {
+            let held = kernel.get(name);
+            match held {
+                Some(set) if set.spec != id.spec() => {
+                    out.mismatched.push(name.clone());
+                    continue;
+                }
+                Some(_) => {}
+                None => out.create(name, id.spec()),
+            }
+            usable.insert(*id, held);
+        }
+        for (id, entry) in self.entries.keys() {
+            if let (Some(held), Some(name)) = (usable.get(id), wanted.get(id))
+                && !held.is_some_and(|set| set.entries.contains(entry))
+            {
+                out.add(name, entry);
+            }
+        }
+        for (id, name) in &wanted {
+            let Some(Some(held)) = usable.get(id) else {
+                continue;
+            };
+            for entry in &held.entries {
+                if !self.entries.contains_key(&(*id, *entry)) {
+                    out.del(name, entry);
+                }
+            }
+        }
+        let names: BTreeSet<&String> = wanted.values().collect();
+        for name in kernel.keys().filter(|n| !names.contains(n)) {
+            out.destroy(name);
+        }
+        out
+    }
+
     /// Whether some entry wants `ip` on the dummy interface.
     #[must_use]
     pub fn wants_address(&self, ip: &IpAddr) -> bool {
@@ -326,5 +370,110 @@ impl Desired {
     #[must_use]
     pub fn real_server_count(&self) -> usize {
         self.real_servers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::ipvs::ipset::{SetSpec, SetType};
+    use crate::ipvs::render::Role;
+
+    fn entry(key: &str, cluster_ip: &str, endpoints: &[(&str, u16)]) -> ServicePortPlan {
+        let text = format!(
+            r#"{{"key":"{key}","namespace":"demo","name":"{key}","portName":"http","family":"IPv4",
+            "protocol":"TCP","port":80,"clusterIP":"{cluster_ip}","internal":{{"policy":"Cluster","whenEmpty":"Reject"}},
+            "clusterEndpoints":[{}],"masquerade":{{"all":false,"offClusterToClusterIP":true,"external":false,
+            "localHostToExternal":false,"hairpin":true}}}}"#,
+            endpoints
+                .iter()
+                .map(|(ip, port)| format!(r#"{{"ip":"{ip}","port":{port}}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn sorted_script(changes: &SetChanges, list: &[crate::ipvs::ipset::SetChange]) -> Vec<String> {
+        let mut lines: Vec<String> = changes.script(list).lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn set_changes_from_the_counts_match_a_full_comparison() {
+        let plan = Arc::new(MergedPlan {
+            node_name: "n".into(),
+            revision: "r".into(),
+            shard_revisions: BTreeMap::new(),
+            addresses: vec!["10.10.0.1".parse().unwrap()],
+            local_traffic: serde_json::from_str(
+                r#"{"mode":"ClusterCIDR","cidrs":["10.244.0.0/16"]}"#,
+            )
+            .unwrap(),
+            service_ports: vec![
+                Arc::new(entry(
+                    "a",
+                    "10.96.0.1",
+                    &[("10.244.1.1", 80), ("10.244.1.2", 80)],
+                )),
+                Arc::new(entry("b", "10.96.0.2", &[("10.244.1.1", 80)])),
+            ],
+        });
+        let mut desired = Desired::new();
+        desired.rebuild(&plan, NodeContext::default());
+        let mut kernel = desired.sets();
+        let loop_back = SetId {
+            ipv6: false,
+            role: Role::LoopBack,
+        }
+        .name();
+        let cluster_ip = SetId {
+            ipv6: false,
+            role: Role::ClusterIp,
+        }
+        .name();
+        // One entry missing, one too many, a set of the wrong type, a stale owned set.
+        let set = kernel.get_mut(&loop_back).unwrap();
+        let first = *set.entries.iter().next().unwrap();
+        set.entries.remove(&first);
+        kernel
+            .get_mut(&cluster_ip)
+            .unwrap()
+            .entries
+            .insert(SetEntry::IpPort("10.96.9.9".parse().unwrap(), 6, 80));
+        kernel.insert(
+            SetId {
+                ipv6: false,
+                role: Role::Drop,
+            }
+            .name(),
+            IpSet::new(SetType::HashIp, false),
+        );
+        kernel.insert(
+            "PROXYPLAN-OLD".into(),
+            IpSet {
+                spec: SetSpec {
+                    kind: SetType::HashIp,
+                    ipv6: false,
+                },
+                entries: BTreeSet::new(),
+            },
+        );
+        let fast = desired.set_changes(&kernel);
+        let full = SetChanges::between(&desired.sets(), &kernel);
+        assert_eq!(
+            sorted_script(&fast, &fast.before),
+            sorted_script(&full, &full.before)
+        );
+        assert_eq!(
+            sorted_script(&fast, &fast.after),
+            sorted_script(&full, &full.after)
+        );
+        assert_eq!(fast.mismatched, full.mismatched);
+        assert_eq!(fast.changed(), 3, "{:?}", fast.script(&fast.before));
+        assert!(desired.set_changes(&desired.sets()).is_empty());
     }
 }
