@@ -174,6 +174,15 @@ fn phases(report: &proxyplan_agent::dataplane::SyncReport) -> String {
         .join(", ")
 }
 
+/// One table row: `| label | median / p99 |`.
+fn quantiles_row(label: &str, values: &[Duration]) {
+    println!(
+        "| {label} | {} / {} |",
+        ms(quantile(values, 0.5)),
+        ms(quantile(values, 0.99))
+    );
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -323,20 +332,14 @@ fn userspace(services: usize, changes: usize) {
         ms(first)
     );
     println!("| unchanged resync | {} |", ms(resync));
-    println!(
-        "| one endpoint change: merge (median / p99 of {changes}) | {} / {} |",
-        ms(quantile(&merges, 0.5)),
-        ms(quantile(&merges, 0.99))
+    quantiles_row(
+        &format!("one endpoint change: merge (median / p99 of {changes})"),
+        &merges,
     );
-    println!(
-        "| one endpoint change: sync (median / p99) | {} / {} |",
-        ms(quantile(&syncs, 0.5)),
-        ms(quantile(&syncs, 0.99))
-    );
-    println!(
-        "| one endpoint change: plan received to kernel calls made (median / p99) | {} / {} |",
-        ms(quantile(&totals, 0.5)),
-        ms(quantile(&totals, 0.99))
+    quantiles_row("one endpoint change: sync (median / p99)", &syncs);
+    quantiles_row(
+        "one endpoint change: plan received to kernel calls made (median / p99)",
+        &totals,
     );
 }
 
@@ -461,15 +464,13 @@ fn bench(services: usize, changes: usize) {
         "| restart: kernel re-read + diff, nothing sent | {} |",
         ms(restart)
     );
-    println!(
-        "| one endpoint change (median / p99 of {changes}) | {} / {} |",
-        ms(quantile(&times, 0.5)),
-        ms(quantile(&times, 0.99))
+    quantiles_row(
+        &format!("one endpoint change (median / p99 of {changes})"),
+        &times,
     );
-    println!(
-        "| before that: merge of the plan (one shard changed, the others reused; median / p99) | {} / {} |",
-        ms(quantile(&merges, 0.5)),
-        ms(quantile(&merges, 0.99))
+    quantiles_row(
+        "before that: merge of the plan (one shard changed, the others reused; median / p99)",
+        &merges,
     );
     println!(
         "| objects changed per endpoint change | {:?} |",
