@@ -303,10 +303,7 @@ fn userspace(services: usize, changes: usize) {
     let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
     let (mut merges, mut syncs, mut totals) = (Vec::new(), Vec::new(), Vec::new());
     for k in 0..changes {
-        let service = candidates[(k * 7_919 + 13) % candidates.len()];
-        let change = cluster.move_endpoint(service).expect("endpoint change");
-        planner.apply_slice(&change.slice).expect("slice");
-        objects.take(&mut planner);
+        move_endpoint(k, &candidates, &mut cluster, &mut planner, &mut objects);
         let start = Instant::now();
         let merged = Arc::new(objects.merged());
         let merged_at = start.elapsed();
@@ -341,6 +338,21 @@ fn userspace(services: usize, changes: usize) {
         "one endpoint change: plan received to kernel calls made (median / p99)",
         &totals,
     );
+}
+
+/// The `k`-th endpoint change: an endpoint of one of `candidates` moves; the planner and
+/// the node's objects follow.
+fn move_endpoint(
+    k: usize,
+    candidates: &[usize],
+    cluster: &mut SyntheticCluster,
+    planner: &mut Planner,
+    objects: &mut Objects,
+) {
+    let service = candidates[(k * 7_919 + 13) % candidates.len()];
+    let change = cluster.move_endpoint(service).expect("endpoint change");
+    planner.apply_slice(&change.slice).expect("slice");
+    objects.take(planner);
 }
 
 /// The synthetic cluster of DESIGN §7's shape, its planner, and the node's objects.
@@ -419,10 +431,7 @@ fn bench(services: usize, changes: usize) {
     let mut merges = Vec::new();
     let mut changed = Vec::new();
     for k in 0..changes {
-        let service = candidates[(k * 7_919 + 13) % candidates.len()];
-        let change = cluster.move_endpoint(service).expect("endpoint change");
-        planner.apply_slice(&change.slice).expect("slice");
-        objects.take(&mut planner);
+        move_endpoint(k, &candidates, &mut cluster, &mut planner, &mut objects);
         let start = Instant::now();
         let merged = Arc::new(objects.merged());
         merges.push(start.elapsed());
