@@ -4,8 +4,9 @@
 //! The kernel is read (dummy interface and addresses, the agent's IPVS services and their
 //! real servers, the agent's ipsets, its iptables chains) on the first sync, after a
 //! failure, and when [`Dataplane::rules_intact`] finds something changed behind the
-//! agent's back. Every other sync works from the model, so one endpoint change costs a
-//! couple of netlink messages.
+//! agent's back. Every other sync works from the model and from [`Desired`]'s counts,
+//! and looks only at the plan entries that changed since the last sync, so one endpoint
+//! change costs a couple of netlink messages.
 //!
 //! Order of a sync: ipset creates/adds/dels → VIP addresses added → IPVS services and
 //! real servers → the fixed iptables rules → VIP addresses removed → ipsets destroyed →
@@ -135,8 +136,8 @@ pub struct SysctlCheck {
     pub ok: bool,
 }
 
-/// ipvs mode's [`Dataplane`] over an [`IpvsKernel`] (netlink) and a [`Runner`] (ipset,
-/// iptables, conntrack).
+/// ipvs mode's [`Dataplane`] over an [`IpvsKernel`] (netlink: IPVS, addresses, ipsets)
+/// and a [`Runner`] (iptables, conntrack).
 #[derive(Debug)]
 pub struct IpvsDataplane<K, R> {
     settings: IpvsSettings,

@@ -1,5 +1,6 @@
-//! ipsets as data: the sets the ipvs mode wants, what the kernel holds (from `ipset
-//! save`), and the `ipset restore` script between them.
+//! ipsets as data: the sets the ipvs mode wants, what the kernel holds, and the changes
+//! between them (sent over netlink by [`super::ipset_netlink`]; shown, and parsed in tests,
+//! in `ipset save` / `ipset restore` spelling).
 //!
 //! Sets are changed in place (`add`/`del` of single entries), never flushed, so a rule
 //! matching a set never sees it empty during a sync. Every set the agent owns is named
@@ -204,8 +205,8 @@ impl IpSet {
 /// Every owned set: name → set.
 pub type Sets = BTreeMap<String, IpSet>;
 
-/// Reads the agent's sets from `ipset save` output; other sets are ignored. A set of a
-/// type the agent never creates is kept with no entries so that it is replaced.
+/// Reads the agent's sets from `ipset save` output; other sets, and sets of a type the
+/// agent never creates, are left out.
 #[must_use]
 pub fn parse_save(text: &str) -> Sets {
     let mut sets = Sets::new();

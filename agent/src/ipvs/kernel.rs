@@ -1,5 +1,5 @@
 //! The ipvs mode's kernel touchpoint: IPVS services and destinations (generic netlink),
-//! the dummy interface and its addresses (rtnetlink), and sysctls. One trait, a real
+//! the dummy interface and its addresses (rtnetlink), ipsets (nfnetlink), and sysctls. One trait, a real
 //! implementation over netlink sockets, and a fake in [`fake`].
 
 pub mod fake;
