@@ -386,17 +386,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 },
             );
         }
-        model.sets = Some(self.read_sets()?);
+        model.sets = Some(self.kernel.sets()?);
         Ok(model)
-    }
-
-    fn read_sets(&mut self) -> Result<Sets, DataplaneError> {
-        self.kernel.sets()
-    }
-
-    /// How many of the agent's sets exist.
-    fn set_names(&mut self) -> Result<usize, DataplaneError> {
-        Ok(self.kernel.set_names()?.len())
     }
 
     /// Sends `changes` of `sets` over netlink and writes them to `payload` (in full for a
@@ -533,8 +524,6 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             None => self.read_model(!dry_run)?,
         };
         let node = render::node_context(plan, &self.settings, model.local.iter().copied());
-        let families = render::families(plan);
-        let rules = render::rules(plan, &self.settings, families);
         // From scratch right after the kernel was read, in a dry run, and when the node's
         // addresses changed; otherwise only the entries that changed.
         let full = dry_run || model.sets.is_some() || !self.desired.can_update(plan, &node);
@@ -547,6 +536,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         report.phases.push(("render", start.elapsed()));
         // On failure the model stays unset: the next sync reads the kernel again.
         let desired = changes.desired.as_ref().unwrap_or(&self.desired);
+        // The counts know which families have entries: no second pass over the plan.
+        let rules = render::rules(plan, &self.settings, desired.families());
         report.rules = desired.server_count()
             + desired.real_server_count()
             + rules.v4.rule_count()
@@ -1113,7 +1104,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             .map(|a| a.ip)
             .collect();
         let vips = addresses.iter().filter(|a| Some(a.index) == link).count();
-        let sets = self.set_names()?;
+        let sets = self.kernel.set_names()?.len();
         let intact = link == model.link
             && owned == model.services.len()
             && vips == model.vips.len()
@@ -1191,7 +1182,10 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
             self.kernel.delete_link(link)?;
             report.changed += 1 + model.vips.len();
         }
-        let destroy = SetChanges::between(&Sets::new(), &model.sets.take().unwrap_or_default());
+        let mut destroy = SetChanges::default();
+        for name in model.sets.take().unwrap_or_default().keys() {
+            destroy.destroy(name);
+        }
         self.send_sets(&destroy, &destroy.after, false, &mut report.payload)?;
         report.changed += destroy.changed();
         self.invalidate();

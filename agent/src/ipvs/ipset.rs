@@ -334,7 +334,9 @@ impl SetChanges {
         out
     }
 
-    /// Compares `desired` with `kernel`.
+    /// Compares `desired` with `kernel` set by set: the reference the ipvs dataplane's
+    /// count-based [`super::desired::Desired::set_changes`] is tested against.
+    #[cfg(test)]
     #[must_use]
     pub fn between(desired: &Sets, kernel: &Sets) -> Self {
         let mut out = Self::default();
