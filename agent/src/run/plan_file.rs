@@ -574,31 +574,16 @@ spec:
 
     #[test]
     fn parse_errors_name_the_document() {
-        let err = parse_err(&format!(
+        let (document, cause) = parse_failure(&format!(
             "{PLAN}---\n{}",
             SHARD.replace("port: 80\n", "port: eighty\n")
         ));
-        let PlanFileError::Parse {
-            document, source, ..
-        } = &err
-        else {
-            panic!("{err}");
-        };
-        assert_eq!(*document, 2);
-        assert!(source.to_string().contains("expected u16"), "{err}");
+        assert_eq!(document, 2);
+        assert!(cause.contains("expected u16"), "{cause}");
 
-        let err = parse_err(&PLAN.replace("  nodeName: n1\n", ""));
-        let PlanFileError::Parse {
-            document, source, ..
-        } = &err
-        else {
-            panic!("{err}");
-        };
-        assert_eq!(*document, 1);
-        assert!(
-            source.to_string().contains("missing field `nodeName`"),
-            "{err}"
-        );
+        let (document, cause) = parse_failure(&PLAN.replace("  nodeName: n1\n", ""));
+        assert_eq!(document, 1);
+        assert!(cause.contains("missing field `nodeName`"), "{cause}");
 
         let err = parse_err(&format!("{PLAN}---\nkind: [unclosed\n"));
         assert!(
@@ -606,18 +591,19 @@ spec:
             "{err}"
         );
 
-        let err = parse_err(&PLAN.replace("metadata:\n  name: n1\n", ""));
-        let PlanFileError::Parse {
-            document, source, ..
-        } = &err
-        else {
-            panic!("{err}");
-        };
-        assert_eq!(*document, 1);
-        assert!(
-            source.to_string().contains("missing field `metadata`"),
-            "{err}"
-        );
+        let (document, cause) = parse_failure(&PLAN.replace("metadata:\n  name: n1\n", ""));
+        assert_eq!(document, 1);
+        assert!(cause.contains("missing field `metadata`"), "{cause}");
+    }
+
+    /// The document number and cause of a [`PlanFileError::Parse`].
+    fn parse_failure(text: &str) -> (usize, String) {
+        match parse_err(text) {
+            PlanFileError::Parse {
+                document, source, ..
+            } => (document, source.to_string()),
+            other => panic!("not a parse error: {other}"),
+        }
     }
 
     #[test]
