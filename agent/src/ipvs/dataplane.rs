@@ -21,7 +21,7 @@ use std::time::Instant;
 use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
-use super::desired::{ChangedEntries, Desired};
+use super::desired::{ChangedEntries, Desired, HeldSets};
 use super::ipset::{SetChange, SetChanges, Sets};
 use super::ipset_netlink::{self, SetOp};
 use super::kernel::{IpvsKernel, IpvsOp};
@@ -48,11 +48,22 @@ struct HeldRealServer {
     weight: u32,
 }
 
-/// A virtual server as the kernel holds it.
+/// A virtual server as the kernel holds it (its key is the model's): what the agent sets
+/// on it, and its real servers. Small, as 10,000 of them are held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HeldService {
-    service: IpvsService,
+    /// The scheduler (shared with the agent's setting when they match).
+    scheduler: Arc<str>,
+    /// The persistence timeout of a persistent service.
+    persistence: Option<u32>,
     real_servers: BTreeMap<RealServer, HeldRealServer>,
+}
+
+impl HeldService {
+    /// The service as IPVS requests name it.
+    fn service(&self, key: &VirtualServerKey) -> IpvsService {
+        ipvs_service(key, self.persistence, &self.scheduler)
+    }
 }
 
 /// What the kernel holds of the agent's objects.
@@ -74,7 +85,10 @@ struct Model {
 /// What one sync sends: set changes, VIPs, and virtual servers to bring to a value or
 /// delete.
 struct Changes {
+    /// Creates, deletions and destroys, and the additions of a partial sync.
     sets: SetChanges,
+    /// For a full sync, what the sets held: the additions are counted against it.
+    held: Option<HeldSets>,
     add_vips: Vec<IpAddr>,
     del_vips: Vec<IpAddr>,
     servers: BTreeMap<VirtualServerKey, VirtualServer>,
@@ -141,6 +155,8 @@ pub struct SysctlCheck {
 #[derive(Debug)]
 pub struct IpvsDataplane<K, R> {
     settings: IpvsSettings,
+    /// `settings.scheduler`, shared by every held service that uses it.
+    scheduler: Arc<str>,
     kernel: K,
     runner: R,
     backend: Backend,
@@ -167,21 +183,14 @@ fn errno_text(errno: i32) -> String {
     std::io::Error::from_raw_os_error(errno.abs()).to_string()
 }
 
-/// The IPVS service for a key.
-fn ipvs_service(key: &VirtualServerKey, vs: &VirtualServer, scheduler: &str) -> IpvsService {
+/// The IPVS service for a key, with a persistence timeout or none.
+fn ipvs_service(key: &VirtualServerKey, persistence: Option<u32>, scheduler: &str) -> IpvsService {
     let mut service = IpvsService::new(key.protocol, key.addr, key.port, scheduler);
-    if let Some(timeout) = vs.persistence {
+    if let Some(timeout) = persistence {
         service.flags = IP_VS_SVC_F_PERSISTENT;
         service.timeout = timeout;
     }
     service
-}
-
-/// Whether the kernel's service differs from the wanted one in what the agent sets.
-fn service_differs(held: &IpvsService, wanted: &IpvsService) -> bool {
-    held.scheduler != wanted.scheduler
-        || held.is_persistent() != wanted.is_persistent()
-        || (wanted.is_persistent() && held.timeout != wanted.timeout)
 }
 
 /// IPVS changes collected and sent in rounds.
@@ -293,6 +302,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     pub fn new(settings: IpvsSettings, kernel: K, runner: R, choice: BackendChoice) -> Self {
         let backend = Backend::resolve(choice, &runner);
         Self {
+            scheduler: Arc::from(settings.scheduler.as_str()),
             settings,
             kernel,
             runner,
@@ -381,7 +391,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             model.services.insert(
                 key,
                 HeldService {
-                    service,
+                    scheduler: if *service.scheduler == *self.scheduler {
+                        Arc::clone(&self.scheduler)
+                    } else {
+                        Arc::from(service.scheduler.as_str())
+                    },
+                    persistence: service.is_persistent().then_some(service.timeout),
                     real_servers,
                 },
             );
@@ -390,50 +405,40 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok(model)
     }
 
-    /// Sends `changes` of `sets` over netlink and writes them to `payload` (in full for a
-    /// dry run, else only the first [`SET_LINES_SHOWN`]).
-    fn send_sets(
+    /// Sends set operations over netlink in rounds and writes them to `payload` (in full
+    /// for a dry run, else only the first [`SET_LINES_SHOWN`]); returns how many there
+    /// were. Taking them as they come, a first apply's 150,000 additions are never all in
+    /// memory at once.
+    fn send_sets<'a>(
         &mut self,
-        sets: &SetChanges,
-        changes: &[SetChange],
+        ops: impl Iterator<Item = SetOp<'a>>,
         dry_run: bool,
         payload: &mut String,
-    ) -> Result<(), DataplaneError> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        payload.push_str("# ipset (netlink), as `ipset restore -exist` would take it\n");
-        if dry_run || changes.len() <= SET_LINES_SHOWN {
-            payload.push_str(&sets.script(changes));
-        } else {
-            payload.push_str(&sets.script(&changes[..SET_LINES_SHOWN]));
-            payload.push_str(&format!(
-                "# ... {} more set changes not shown\n",
-                changes.len() - SET_LINES_SHOWN
-            ));
-        }
-        if dry_run {
-            return Ok(());
-        }
+    ) -> Result<usize, DataplaneError> {
+        let mut count = 0;
         let mut failures = Vec::new();
         let mut failed = 0;
-        // In rounds, so a first apply's 150,000 additions are never all in memory as
-        // requests at once.
-        for round in changes.chunks(OPS_PER_ROUND) {
-            let ops: Vec<SetOp<'_>> = round
-                .iter()
-                .map(|change| {
-                    let name = sets.name(change);
-                    match *change {
-                        SetChange::Create(_, spec) => SetOp::Create { name, spec },
-                        SetChange::Add(_, entry) => SetOp::Add(name, entry),
-                        SetChange::Del(_, entry) => SetOp::Del(name, entry),
-                        SetChange::Destroy(_) => SetOp::Destroy(name),
-                    }
-                })
-                .collect();
-            let results = self.kernel.set_ops(&ops)?;
-            for ((change, op), errno) in round.iter().zip(&ops).zip(results) {
+        let mut round: Vec<SetOp<'a>> = Vec::new();
+        let mut ops = ops.peekable();
+        while ops.peek().is_some() {
+            round.clear();
+            round.extend(ops.by_ref().take(OPS_PER_ROUND));
+            for op in &round {
+                if count == 0 {
+                    payload
+                        .push_str("# ipset (netlink), as `ipset restore -exist` would take it\n");
+                }
+                count += 1;
+                if dry_run || count <= SET_LINES_SHOWN {
+                    payload.push_str(&op.to_string());
+                    payload.push('\n');
+                }
+            }
+            if dry_run {
+                continue;
+            }
+            let results = self.kernel.set_ops(&round)?;
+            for (op, errno) in round.iter().zip(results) {
                 // Deleting an entry that is already gone is done.
                 let done = errno == 0
                     || (matches!(op, SetOp::Del(..)) && errno == -ipset_netlink::IPSET_ERR_EXIST);
@@ -448,16 +453,18 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                     } else {
                         ""
                     };
-                    failures.push(format!(
-                        "{}: {}{hint}",
-                        sets.script(std::slice::from_ref(change)).trim_end(),
-                        ipset_netlink::error_name(errno)
-                    ));
+                    failures.push(format!("{op}: {}{hint}", ipset_netlink::error_name(errno)));
                 }
             }
         }
+        if !dry_run && count > SET_LINES_SHOWN {
+            payload.push_str(&format!(
+                "# ... {} more set changes not shown\n",
+                count - SET_LINES_SHOWN
+            ));
+        }
         match failures.first() {
-            None => Ok(()),
+            None => Ok(count),
             Some(first) => Err(DataplaneError::Io {
                 context: format!("the kernel refused {failed} ipset change(s), first: {first}"),
                 source: std::io::Error::other(failures.join("; ")),
@@ -588,20 +595,20 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         model: &mut Model,
         dry_run: bool,
     ) -> Result<Changes, DataplaneError> {
-        let kernel_sets = match model.sets.take() {
+        let held = match model.sets.take() {
             // A dry run leaves the model as it found it.
             Some(sets) if dry_run => {
                 model.sets = Some(sets.clone());
-                sets
+                HeldSets::Read(sets)
             }
-            Some(sets) => sets,
+            Some(sets) => HeldSets::Read(sets),
             // The kernel holds what was wanted last.
-            None => self.desired.sets(),
+            None if dry_run => HeldSets::Read(self.desired.sets()),
+            None => HeldSets::Counted(Box::new(std::mem::take(&mut self.desired))),
         };
         let mut desired = Desired::new();
         let servers = desired.rebuild(plan, node);
-        let sets = desired.set_changes(&kernel_sets);
-        drop(kernel_sets);
+        let sets = desired.set_changes(&held);
         if let Some(name) = sets.mismatched.first() {
             return Err(DataplaneError::ToolFailed {
                 tool: "ipset".to_owned(),
@@ -629,11 +636,9 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             .filter(|k| !servers.contains_key(k))
             .copied()
             .collect();
-        if !dry_run {
-            self.desired = Desired::new();
-        }
         Ok(Changes {
             sets,
+            held: Some(held),
             add_vips,
             del_vips,
             servers,
@@ -684,6 +689,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             del_vips,
             servers: delta.servers,
             gone: delta.gone,
+            held: None,
             desired: None,
             entries: Some(delta.changed),
         }
@@ -699,6 +705,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     ) -> Result<Option<ChangedEntries>, DataplaneError> {
         let Changes {
             sets,
+            held,
             add_vips,
             del_vips,
             servers,
@@ -713,16 +720,28 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             clock = now;
         };
         // 1. ipsets: create and fill before any rule uses them.
-        self.send_sets(&sets, &sets.before, dry_run, &mut report.payload)?;
-        report.changed += sets.changed();
+        let names = desired.as_ref().map(Desired::set_names).unwrap_or_default();
+        let creates = sets
+            .before
+            .iter()
+            .take_while(|c| matches!(c, SetChange::Create(..)))
+            .count();
+        let (creates, rest) = sets.before.split_at(creates);
+        let additions = desired
+            .as_ref()
+            .zip(held.as_ref())
+            .into_iter()
+            .flat_map(|(desired, held)| desired.additions(held, &names));
+        let ops = sets.ops(creates).chain(additions).chain(sets.ops(rest));
+        report.changed += self.send_sets(ops, dry_run, &mut report.payload)?;
+        drop(held);
         lap(report, "sets");
         // 2. VIP addresses.
         self.change_addresses(model, &add_vips, true, dry_run, report)?;
         lap(report, "vips");
         // 3. IPVS.
         let mut rounds = OpRounds::new(dry_run);
-        self.ipvs_changes(&servers, &gone, model, &mut rounds)?;
-        drop(servers);
+        self.ipvs_changes(servers, &gone, model, &mut rounds)?;
         lap(report, "ipvs");
         report.changed += rounds.sent;
         report.payload.push_str(&rounds.payload);
@@ -759,7 +778,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         // 5. VIPs nothing wants any more.
         self.change_addresses(model, &del_vips, false, dry_run, report)?;
         // 6. Sets nothing uses any more.
-        self.send_sets(&sets, &sets.after, dry_run, &mut report.payload)?;
+        report.changed += self.send_sets(sets.ops(&sets.after), dry_run, &mut report.payload)?;
         lap(report, "removals");
         if !dry_run && let Some(desired) = desired {
             self.desired = desired;
@@ -831,7 +850,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     /// `gone` deleted, and real servers left draining checked.
     fn ipvs_changes(
         &mut self,
-        servers: &BTreeMap<VirtualServerKey, VirtualServer>,
+        servers: BTreeMap<VirtualServerKey, VirtualServer>,
         gone: &BTreeSet<VirtualServerKey>,
         model: &mut Model,
         rounds: &mut OpRounds,
@@ -839,7 +858,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         let now = Instant::now();
         for key in gone {
             if let Some(held) = model.services.get(key) {
-                rounds.service(OpKind::DeleteService, held.service.clone());
+                rounds.service(OpKind::DeleteService, held.service(key));
             }
             if !rounds.dry_run {
                 model.services.remove(key);
@@ -849,11 +868,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 rounds.send(&mut self.kernel)?;
             }
         }
+        // Consumed, so each wanted server's list is freed once it is reconciled.
         for (key, vs) in servers {
             if self.settings.excluded(key.addr) {
                 continue;
             }
-            self.reconcile(key, vs, model, rounds, now);
+            self.reconcile(&key, &vs, model, rounds, now);
             if rounds.full() {
                 rounds.send(&mut self.kernel)?;
             }
@@ -875,9 +895,9 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         rounds: &mut OpRounds,
         now: Instant,
     ) {
-        let wanted = ipvs_service(key, vs, &self.settings.scheduler);
+        let wanted = ipvs_service(key, vs.persistence, &self.scheduler);
         let Some(held) = model.services.get(key) else {
-            let s = rounds.service(OpKind::AddService, wanted.clone());
+            let s = rounds.service(OpKind::AddService, wanted);
             for (addr, port) in &vs.real_servers {
                 rounds.destination(
                     OpKind::AddDestination,
@@ -889,7 +909,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                 model.services.insert(
                     *key,
                     HeldService {
-                        service: wanted,
+                        scheduler: Arc::clone(&self.scheduler),
+                        persistence: vs.persistence,
                         real_servers: vs
                             .real_servers
                             .iter()
@@ -900,7 +921,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             }
             return;
         };
-        let update = service_differs(&held.service, &wanted);
+        let update = held.scheduler != self.scheduler || held.persistence != vs.persistence;
         let mut changes: Vec<(OpKind, RealServer, u32)> = Vec::new();
         for rs in &vs.real_servers {
             match held.real_servers.get(rs) {
@@ -933,9 +954,9 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             return;
         }
         let s = if update {
-            rounds.service(OpKind::UpdateService, wanted.clone())
+            rounds.service(OpKind::UpdateService, wanted)
         } else {
-            rounds.with_service(held.service.clone())
+            rounds.with_service(held.service(key))
         };
         for (kind, (addr, port), weight) in &changes {
             rounds.destination(*kind, s, IpvsDestination::masq(*addr, *port, *weight));
@@ -944,7 +965,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             && let Some(held) = model.services.get_mut(key)
         {
             if update {
-                held.service = wanted;
+                held.scheduler = Arc::clone(&self.scheduler);
+                held.persistence = vs.persistence;
             }
             for (kind, rs, weight) in changes {
                 match kind {
@@ -970,7 +992,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             let Some(held) = model.services.get(key) else {
                 continue;
             };
-            let service = held.service.clone();
+            let service = held.service(key);
             let counters = if rounds.dry_run {
                 Vec::new()
             } else {
@@ -1154,8 +1176,8 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         self.invalidate();
         let mut model = self.read_model(false)?;
         let mut rounds = OpRounds::new(false);
-        for held in model.services.values() {
-            rounds.service(OpKind::DeleteService, held.service.clone());
+        for (key, held) in &model.services {
+            rounds.service(OpKind::DeleteService, held.service(key));
             if rounds.full() {
                 rounds.send(&mut self.kernel)?;
             }
@@ -1186,7 +1208,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         for name in model.sets.take().unwrap_or_default().keys() {
             destroy.destroy(name);
         }
-        self.send_sets(&destroy, &destroy.after, false, &mut report.payload)?;
+        self.send_sets(destroy.ops(&destroy.after), false, &mut report.payload)?;
         report.changed += destroy.changed();
         self.invalidate();
         self.udp.reset();

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
+use super::ipset_netlink::SetOp;
 use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Name prefix of the agent's IPv4 (and bitmap) sets.
@@ -316,19 +317,29 @@ impl SetChanges {
         self.names.get(i).map_or("", String::as_str)
     }
 
+    /// A change as the operation sent to the kernel.
+    #[must_use]
+    pub fn op(&self, change: &SetChange) -> SetOp<'_> {
+        let name = self.name(change);
+        match *change {
+            SetChange::Create(_, spec) => SetOp::Create { name, spec },
+            SetChange::Add(_, entry) => SetOp::Add(name, entry),
+            SetChange::Del(_, entry) => SetOp::Del(name, entry),
+            SetChange::Destroy(_) => SetOp::Destroy(name),
+        }
+    }
+
+    /// `changes` as operations, in order.
+    pub fn ops<'a>(&'a self, changes: &'a [SetChange]) -> impl Iterator<Item = SetOp<'a>> {
+        changes.iter().map(|change| self.op(change))
+    }
+
     /// `changes` as an `ipset restore` script, for dry runs and logs.
     #[must_use]
     pub fn script(&self, changes: &[SetChange]) -> String {
         let mut out = String::new();
-        for change in changes {
-            let name = self.name(change);
-            let line = match change {
-                SetChange::Create(_, spec) => format!("create {name} {}", spec.create_options()),
-                SetChange::Add(_, entry) => format!("add {name} {entry}"),
-                SetChange::Del(_, entry) => format!("del {name} {entry}"),
-                SetChange::Destroy(_) => format!("destroy {name}"),
-            };
-            out.push_str(&line);
+        for op in self.ops(changes) {
+            out.push_str(&op.to_string());
             out.push('\n');
         }
         out

@@ -303,6 +303,18 @@ pub enum SetOp<'a> {
     Del(&'a str, SetEntry),
 }
 
+impl std::fmt::Display for SetOp<'_> {
+    /// The operation as an `ipset restore` line, for dry runs and logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Create { name, spec } => write!(f, "create {name} {}", spec.create_options()),
+            Self::Destroy(name) => write!(f, "destroy {name}"),
+            Self::Add(name, entry) => write!(f, "add {name} {entry}"),
+            Self::Del(name, entry) => write!(f, "del {name} {entry}"),
+        }
+    }
+}
+
 /// A [`SetOp`] read back from a request's bytes (owning its name), for fakes and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetRequest {
