@@ -82,6 +82,54 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
 #[derive(Debug, Default)]
 pub struct MergeCache {
     shards: HashMap<String, CachedShard>,
+    /// The last merge's cluster entries, sorted: the next merge replaces only the
+    /// entries of the shards that changed instead of sorting everything again.
+    combined: Option<Combined>,
+}
+
+/// Cluster entries of a merge, sorted by key and then shard order, with where each came
+/// from: `(entry, index in spec.shards, index in the shard)`.
+type Located = (Arc<ServicePortPlan>, usize, usize);
+
+#[derive(Debug)]
+struct Combined {
+    /// The cluster shards merged: `(index in spec.shards, name, resourceVersion)`.
+    shards: Vec<(usize, String, String)>,
+    entries: Vec<Located>,
+}
+
+/// Sort order of merged cluster entries: by key, equal keys in shard order (so the later
+/// one is the duplicate).
+fn located_order(a: &Located, b: &Located) -> std::cmp::Ordering {
+    a.0.key
+        .cmp(&b.0.key)
+        .then(a.1.cmp(&b.1))
+        .then(a.2.cmp(&b.2))
+}
+
+/// `base` (sorted, without the changed shards' entries) with `fresh` (sorted) merged in.
+/// Each fresh entry is placed by binary search, so unchanged entries are moved, not
+/// compared.
+fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> Vec<Located> {
+    let mut positions = Vec::with_capacity(fresh.len());
+    let mut start = 0;
+    for entry in &fresh {
+        start += base
+            .get(start..)
+            .unwrap_or_default()
+            .partition_point(|b| located_order(b, entry).is_lt());
+        positions.push(start);
+    }
+    let mut out = Vec::with_capacity(base.len() + fresh.len());
+    let mut base = base.into_iter();
+    let mut taken = 0;
+    for (entry, at) in fresh.into_iter().zip(positions) {
+        out.extend(base.by_ref().take(at - taken));
+        taken = at;
+        out.push(entry);
+    }
+    out.extend(base);
+    out
 }
 
 #[derive(Debug)]
@@ -221,11 +269,13 @@ fn merge_with<'a>(
         .enumerate()
         .map(|(position, s)| (kube::ResourceExt::name_any(s), (position, s)))
         .collect();
-    // Every cluster entry with where it came from: (entry, shard, index in the shard).
-    let mut entries: Vec<(Arc<ServicePortPlan>, usize, usize)> = Vec::new();
     let mut zone_overrides = Vec::new();
     let mut shard_revisions = BTreeMap::new();
     let mut used = HashSet::new();
+    // Cluster shards in order: (index in spec.shards, name, resourceVersion).
+    let mut cluster: Vec<(usize, &str, Option<&str>)> = Vec::new();
+    // Entries of cluster shards that have no resourceVersion (never cached).
+    let mut uncached: HashMap<usize, Vec<Arc<ServicePortPlan>>> = HashMap::new();
     for (index, shard_ref) in spec.shards.iter().enumerate() {
         let Some(&(position, shard)) = by_name.get(&shard_ref.name) else {
             return Err(PlanError::MissingShard {
@@ -242,31 +292,18 @@ fn merge_with<'a>(
             ShardScope::Cluster => {
                 used.insert(shard_ref.name.as_str());
                 let version = shard.metadata.resource_version.as_deref();
+                cluster.push((index, shard_ref.name.as_str(), version));
                 let cached = cache
                     .shards
                     .get(&shard_ref.name)
-                    .filter(|c| Some(c.resource_version.as_str()) == version);
-                if let Some(cached) = cached {
-                    entries.extend(
-                        cached
-                            .entries
-                            .iter()
-                            .enumerate()
-                            .map(|(i, e)| (Arc::clone(e), index, i)),
-                    );
-                } else {
+                    .is_some_and(|c| Some(c.resource_version.as_str()) == version);
+                if !cached {
                     let list = entries_of(position, shard);
                     let mut fresh = Vec::with_capacity(list.len());
                     for (i, entry) in list.into_entries().enumerate() {
                         shard_check.entry(&|| format!("spec.servicePorts[{i}]"), &entry)?;
                         fresh.push(Arc::new(entry.into_owned()));
                     }
-                    entries.extend(
-                        fresh
-                            .iter()
-                            .enumerate()
-                            .map(|(i, e)| (Arc::clone(e), index, i)),
-                    );
                     match version {
                         Some(version) => {
                             cache.shards.insert(
@@ -279,6 +316,7 @@ fn merge_with<'a>(
                         }
                         None => {
                             cache.shards.remove(&shard_ref.name);
+                            uncached.insert(index, fresh);
                         }
                     }
                 }
@@ -301,8 +339,61 @@ fn merge_with<'a>(
         shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
     }
     cache.shards.retain(|name, _| used.contains(name.as_str()));
-    // By key; equal keys stay in shard order, so the later one is the duplicate.
-    entries.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let located =
+        |index: usize, name: &str, uncached: &mut HashMap<usize, Vec<Arc<ServicePortPlan>>>| {
+            let list = match uncached.remove(&index) {
+                Some(list) => list,
+                None => cache
+                    .shards
+                    .get(name)
+                    .map(|c| c.entries.clone())
+                    .unwrap_or_default(),
+            };
+            list.into_iter()
+                .enumerate()
+                .map(move |(i, e)| (e, index, i))
+                .collect::<Vec<Located>>()
+        };
+    // The same cluster shards as the last merge: only the changed ones' entries are
+    // replaced, the rest stay sorted. Otherwise every entry is sorted.
+    let previous = cache.combined.take();
+    let reusable = previous.filter(|p| {
+        p.shards.len() == cluster.len()
+            && p.shards
+                .iter()
+                .zip(&cluster)
+                .all(|((i, name, _), (index, now, version))| {
+                    i == index && name == now && version.is_some()
+                })
+    });
+    let entries: Vec<Located> = match reusable {
+        Some(previous) => {
+            let changed: HashSet<usize> = previous
+                .shards
+                .iter()
+                .zip(&cluster)
+                .filter(|((_, _, was), (_, _, now))| Some(was.as_str()) != *now)
+                .map(|(_, (index, ..))| *index)
+                .collect();
+            let mut base = previous.entries;
+            base.retain(|(_, index, _)| !changed.contains(index));
+            let mut fresh = Vec::new();
+            for &(index, name, _) in cluster.iter().filter(|(i, ..)| changed.contains(i)) {
+                fresh.extend(located(index, name, &mut uncached));
+            }
+            fresh.sort_by(located_order);
+            merge_sorted(base, fresh)
+        }
+        None => {
+            let mut all = Vec::new();
+            for &(index, name, _) in &cluster {
+                all.extend(located(index, name, &mut uncached));
+            }
+            all.sort_by(located_order);
+            all
+        }
+    };
+    // Sorted by key, equal keys in shard order: the later one is the duplicate.
     if let Some(pair) = entries.windows(2).find(|w| w[0].0.key == w[1].0.key) {
         let (entry, shard, i) = &pair[1];
         let name = spec.shards.get(*shard).map_or("", |s| s.name.as_str());
@@ -312,17 +403,33 @@ fn merge_with<'a>(
             reason: format!("duplicate key {}", entry.key),
         });
     }
-    let mut entries: Vec<Arc<ServicePortPlan>> = entries.into_iter().map(|(e, ..)| e).collect();
+    let mut merged: Vec<Arc<ServicePortPlan>> =
+        entries.iter().map(|(e, ..)| Arc::clone(e)).collect();
+    if cluster.iter().all(|(_, _, version)| version.is_some()) {
+        cache.combined = Some(Combined {
+            shards: cluster
+                .iter()
+                .map(|&(index, name, version)| {
+                    (
+                        index,
+                        name.to_owned(),
+                        version.unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect(),
+            entries,
+        });
+    }
     for (object, i, o) in zone_overrides {
         apply_override(
             &Checker { object: &object },
             &|| format!("spec.overrides[{i}]"),
-            &mut entries,
+            &mut merged,
             o,
         )?;
     }
     for (i, o) in spec.overlay.iter().enumerate() {
-        apply_override(&check, &|| format!("spec.overlay[{i}]"), &mut entries, o)?;
+        apply_override(&check, &|| format!("spec.overlay[{i}]"), &mut merged, o)?;
     }
     Ok(MergedPlan {
         node_name: spec.node_name.clone(),
@@ -330,7 +437,7 @@ fn merge_with<'a>(
         shard_revisions,
         addresses,
         local_traffic: spec.local_traffic.clone(),
-        service_ports: entries,
+        service_ports: merged,
     })
 }
 

@@ -357,3 +357,111 @@ fn the_last_shard_of_a_name_is_merged() {
     let m = merged(&plan(&["cluster-0"], vec![]), &[first, last]).expect("valid");
     assert_eq!(m.service_ports[0].cluster_ip, "10.96.0.2");
 }
+
+/// A small deterministic generator (no dependency needed for a reproducible sequence).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        usize::try_from(self.0 >> 33).unwrap_or(0) % n.max(1)
+    }
+}
+
+#[test]
+fn merge_cached_over_many_changes_equals_a_fresh_merge() {
+    let mut rng = Lcg(7);
+    let key = |n: usize| format!("default/svc-{n:03}:http/TCP/IPv4");
+    let mut shards: Vec<ProxyPlanShard> = (0..4)
+        .map(|s| {
+            let entries = (0..30)
+                .map(|k| {
+                    let n = s * 100 + k * 3;
+                    entry(&key(n), "10.96.0.1", vec![ep("10.0.0.1", 80)])
+                })
+                .collect();
+            versioned(cluster_shard(&format!("cluster-{s}"), entries), "1")
+        })
+        .collect();
+    let mut version = 1;
+    let mut cache = MergeCache::new();
+    let mut names = vec!["cluster-0", "cluster-1", "cluster-2", "cluster-3"];
+    let mut errors = 0;
+    // A duplicate key added on purpose, taken out again at the next step.
+    let mut duplicate: Option<(usize, String)> = None;
+    for step in 0..300 {
+        if let Some((s, k)) = duplicate.take() {
+            let list = &mut shards[s].spec.service_ports;
+            if let Some(at) = list.iter().rposition(|e| e.key == k) {
+                list.remove(at);
+            }
+            version += 1;
+            shards[s].metadata.resource_version = Some(version.to_string());
+        }
+        // Change one or two shards: add, drop or edit entries, reorder them, and now and
+        // then add a key another shard holds.
+        for _ in 0..=rng.below(2) {
+            let s = rng.below(shards.len());
+            let taken: Vec<String> = shards
+                .iter()
+                .flat_map(|sh| sh.spec.service_ports.iter().map(|e| e.key.clone()))
+                .collect();
+            let list = &mut shards[s].spec.service_ports;
+            match rng.below(10) {
+                0 | 1 => {
+                    let n = (0..400)
+                        .map(|_| key(rng.below(400)))
+                        .find(|k| !taken.contains(k));
+                    if let Some(k) = n {
+                        list.push(entry(&k, "10.96.0.1", vec![]));
+                    }
+                }
+                2 | 3 if !list.is_empty() => {
+                    let at = rng.below(list.len());
+                    list.remove(at);
+                }
+                4..=6 if !list.is_empty() => {
+                    let at = rng.below(list.len());
+                    let port = 81 + u16::try_from(step).unwrap_or(0);
+                    list[at].cluster_endpoints.push(ep("10.0.0.9", port));
+                }
+                7 if duplicate.is_none() && !taken.is_empty() => {
+                    let k = taken[rng.below(taken.len())].clone();
+                    list.push(entry(&k, "10.96.0.2", vec![]));
+                    duplicate = Some((s, k));
+                }
+                _ => list.reverse(),
+            }
+            version += 1;
+            shards[s].metadata.resource_version = Some(version.to_string());
+        }
+        if step % 50 == 49 {
+            names.rotate_left(1);
+        }
+        let overlay = vec![EndpointOverride {
+            key: shards[0]
+                .spec
+                .service_ports
+                .first()
+                .map_or_else(|| key(0), |e| e.key.clone()),
+            cluster_endpoints: None,
+            local_endpoints: Some(vec![ep("10.0.0.5", 80)]),
+        }];
+        let p = plan(&names, overlay);
+        let fresh = merge(&p, &shards);
+        let cached = merge_cached(&p, &shards, &mut cache);
+        match (&fresh, &cached) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "step {step}"),
+            (Err(a), Err(b)) => {
+                errors += 1;
+                assert_eq!(a.to_string(), b.to_string(), "step {step}");
+            }
+            _ => panic!("step {step}: {fresh:?} vs {cached:?}"),
+        }
+    }
+    // Both outcomes were exercised, mostly successful merges.
+    assert!(errors > 0 && errors < 100, "{errors} errors");
+}
