@@ -248,3 +248,61 @@ fn restart_reads_the_kernel_and_changes_nothing() {
     assert_eq!(again.changed, 0, "{}", again.payload);
     assert_eq!(again.rules, first.rules);
 }
+
+/// A first apply with many new VIPs adds them on a thread of their own, alongside the
+/// sets and IPVS changes: every address, virtual server and set entry is there after
+/// it, a restart finds nothing to change, and removing most Services removes their
+/// addresses.
+#[test]
+#[ignore = "needs IPVS: runs inside the VM (tests/run-all.sh)"]
+fn many_new_vips_are_added_alongside_the_rest() {
+    let Some(lab) = Lab::new(&["a1"]) else {
+        return;
+    };
+    let entries = |count: usize| -> Vec<proxyplan_crds::ServicePortPlan> {
+        (0..count)
+            .map(|i| {
+                service(
+                    &format!("svc-{i:03}"),
+                    &format!("10.96.{}.{}", 1 + i / 200, 1 + i % 200),
+                    80,
+                    &["10.244.1.10:8080"],
+                )
+            })
+            .collect()
+    };
+    let settings = IpvsSettings::default();
+    let interface = settings.interface.clone();
+    let vips = |lab: &Lab| -> usize {
+        lab.exec(
+            "node",
+            &["ip", "-o", "-4", "addr", "show", "dev", &interface],
+        )
+        .lines()
+        .filter(|l| l.contains(" 10.96."))
+        .count()
+    };
+    let mut dp = dataplane(&lab, settings.clone());
+    let first = dp.sync(&plan(entries(400)), false).expect("first sync");
+    assert!(
+        first
+            .phases
+            .iter()
+            .any(|(name, _)| *name == "vips alongside"),
+        "{:?}",
+        first.phases
+    );
+    assert_eq!(vips(&lab), 400);
+    let servers = ipvs_table(&lab)
+        .lines()
+        .filter(|l| l.starts_with("TCP  10.96."))
+        .count();
+    assert_eq!(servers, 400);
+    let again = dataplane(&lab, settings)
+        .sync(&plan(entries(400)), false)
+        .expect("sync after restart");
+    assert_eq!(again.changed, 0, "{}", again.payload);
+    dp.invalidate();
+    dp.sync(&plan(entries(100)), false).expect("shrink");
+    assert_eq!(vips(&lab), 100);
+}

@@ -37,6 +37,8 @@ use crate::iptables::{
 
 /// Operations sent to the kernel per netlink round (bounds memory at first apply).
 const OPS_PER_ROUND: usize = 4096;
+/// New VIPs from which they are added alongside the sets and IPVS changes.
+const ADDRESSES_ALONGSIDE: usize = 256;
 /// Set changes written out in a sync's report (a dry run writes all).
 const SET_LINES_SHOWN: usize = 1000;
 /// Seconds `iptables-restore` waits for the xtables lock.
@@ -719,42 +721,76 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             report.phases.push((phase, now - clock));
             clock = now;
         };
-        // 1. ipsets: create and fill before any rule uses them.
-        let names = desired.as_ref().map(Desired::set_names).unwrap_or_default();
-        let creates = sets
-            .before
-            .iter()
-            .take_while(|c| matches!(c, SetChange::Create(..)))
-            .count();
-        let (creates, rest) = sets.before.split_at(creates);
-        let additions = desired
-            .as_ref()
-            .zip(held.as_ref())
-            .into_iter()
-            .flat_map(|(desired, held)| desired.additions(held, &names));
-        let ops = sets.ops(creates).chain(additions).chain(sets.ops(rest));
-        report.changed += self.send_sets(ops, dry_run, &mut report.payload)?;
-        drop(held);
-        lap(report, "sets");
-        // 2. VIP addresses.
-        self.change_addresses(model, &add_vips, true, dry_run, report)?;
-        lap(report, "vips");
-        // 3. IPVS.
-        let mut rounds = OpRounds::new(dry_run);
-        self.ipvs_changes(servers, &gone, model, &mut rounds)?;
-        lap(report, "ipvs");
-        report.changed += rounds.sent;
-        report.payload.push_str(&rounds.payload);
-        if let Some(first) = rounds.failures.first() {
-            self.model = None;
-            return Err(DataplaneError::Io {
-                context: format!(
-                    "IPVS refused {} change(s), first: {first}",
-                    rounds.failures.len()
-                ),
-                source: std::io::Error::other(rounds.failures.join("; ")),
-            });
+        // Many new VIPs (a first apply) go on a thread of their own alongside steps 1
+        // and 3: addresses, sets and IPVS take different kernel locks. The kernel walks
+        // an interface's address list on every add, so 10,000 addresses take as long as
+        // the rest together.
+        let alongside = match model.link {
+            Some(link) if !dry_run && add_vips.len() >= ADDRESSES_ALONGSIDE => {
+                self.address_payload(&add_vips, true, report);
+                Some(
+                    self.kernel
+                        .begin_address_changes(link, add_vips.clone(), true),
+                )
+            }
+            _ => None,
+        };
+        let work: Result<(), DataplaneError> = 'work: {
+            // 1. ipsets: create and fill before any rule uses them.
+            let names = desired.as_ref().map(Desired::set_names).unwrap_or_default();
+            let creates = sets
+                .before
+                .iter()
+                .take_while(|c| matches!(c, SetChange::Create(..)))
+                .count();
+            let (creates, rest) = sets.before.split_at(creates);
+            let additions = desired
+                .as_ref()
+                .zip(held.as_ref())
+                .into_iter()
+                .flat_map(|(desired, held)| desired.additions(held, &names));
+            let ops = sets.ops(creates).chain(additions).chain(sets.ops(rest));
+            match self.send_sets(ops, dry_run, &mut report.payload) {
+                Ok(sent) => report.changed += sent,
+                Err(e) => break 'work Err(e),
+            }
+            drop(held);
+            lap(report, "sets");
+            // 2. VIP addresses.
+            if alongside.is_none() {
+                if let Err(e) = self.change_addresses(model, &add_vips, true, dry_run, report) {
+                    break 'work Err(e);
+                }
+                lap(report, "vips");
+            }
+            // 3. IPVS.
+            let mut rounds = OpRounds::new(dry_run);
+            let sent = self.ipvs_changes(servers, &gone, model, &mut rounds);
+            lap(report, "ipvs");
+            report.changed += rounds.sent;
+            report.payload.push_str(&rounds.payload);
+            if let Err(e) = sent {
+                break 'work Err(e);
+            }
+            if let Some(first) = rounds.failures.first() {
+                self.model = None;
+                break 'work Err(DataplaneError::Io {
+                    context: format!(
+                        "IPVS refused {} change(s), first: {first}",
+                        rounds.failures.len()
+                    ),
+                    source: std::io::Error::other(rounds.failures.join("; ")),
+                });
+            }
+            Ok(())
+        };
+        // Waited for even when the rest failed: the thread holds the rtnetlink socket.
+        if let Some(pending) = alongside {
+            let results = self.kernel.finish_address_changes(pending);
+            lap(report, "vips alongside");
+            self.record_addresses(model, &add_vips, true, results)?;
         }
+        work?;
         // 4. The fixed iptables rules.
         for family in FAMILIES {
             let rules = match family {
@@ -786,6 +822,19 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok(entries)
     }
 
+    /// Writes address changes to the report.
+    fn address_payload(&self, addresses: &[IpAddr], add: bool, report: &mut SyncReport) {
+        let verb = if add { "add" } else { "del" };
+        for ip in addresses {
+            let len = if ip.is_ipv4() { 32 } else { 128 };
+            report.payload.push_str(&format!(
+                "# ip address {verb} {ip}/{len} dev {}\n",
+                self.settings.interface
+            ));
+        }
+        report.changed += addresses.len();
+    }
+
     fn change_addresses(
         &mut self,
         model: &mut Model,
@@ -797,25 +846,31 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         if addresses.is_empty() {
             return Ok(());
         }
-        let verb = if add { "add" } else { "del" };
-        for ip in addresses {
-            let len = if ip.is_ipv4() { 32 } else { 128 };
-            report.payload.push_str(&format!(
-                "# ip address {verb} {ip}/{len} dev {}\n",
-                self.settings.interface
-            ));
-        }
-        report.changed += addresses.len();
+        self.address_payload(addresses, add, report);
         if dry_run {
             return Ok(());
         }
-        let Some(link) = model.link else {
-            return Err(DataplaneError::Io {
+        let results = match model.link {
+            Some(link) => self.kernel.change_addresses(link, addresses, add),
+            None => Err(DataplaneError::Io {
                 context: format!("interface {} is missing", self.settings.interface),
                 source: std::io::Error::other("no dummy interface"),
-            });
+            }),
         };
-        let results = self.kernel.change_addresses(link, addresses, add)?;
+        self.record_addresses(model, addresses, add, results)
+    }
+
+    /// Notes in `model` which address changes the kernel made; an error names those it
+    /// refused.
+    fn record_addresses(
+        &mut self,
+        model: &mut Model,
+        addresses: &[IpAddr],
+        add: bool,
+        results: Result<Vec<i32>, DataplaneError>,
+    ) -> Result<(), DataplaneError> {
+        let results = results.inspect_err(|_| self.model = None)?;
+        let verb = if add { "add" } else { "del" };
         let mut failed = Vec::new();
         for (ip, errno) in addresses.iter().zip(results) {
             // EEXIST on add, EADDRNOTAVAIL on delete: already as wanted.

@@ -89,6 +89,37 @@ pub struct InterfaceAddress {
     pub prefix_len: u8,
 }
 
+/// Address changes under way ([`IpvsKernel::begin_address_changes`]).
+#[derive(Debug)]
+pub enum AddressChanges {
+    /// Already done.
+    Done(Result<Vec<i32>, DataplaneError>),
+    /// Running on a thread that owns the rtnetlink socket until it is done.
+    Running(std::thread::JoinHandle<(NetlinkSocket, io::Result<Vec<i32>>)>),
+}
+
+/// The rtnetlink requests that add or remove host addresses on interface `index`.
+fn address_requests(
+    index: u32,
+    addresses: &[IpAddr],
+    add: bool,
+) -> impl Iterator<Item = Vec<u8>> + '_ {
+    addresses.iter().map(move |ip| {
+        let message = host_address(index, *ip);
+        if add {
+            route_message(
+                RouteNetlinkMessage::NewAddress(message),
+                NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            )
+        } else {
+            route_message(
+                RouteNetlinkMessage::DelAddress(message),
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+        }
+    })
+}
+
 /// Everything the ipvs mode asks of the kernel besides iptables and ipset.
 pub trait IpvsKernel {
     /// Every IPVS virtual service (the caller keeps only those it owns).
@@ -148,6 +179,37 @@ pub trait IpvsKernel {
         addresses: &[IpAddr],
         add: bool,
     ) -> Result<Vec<i32>, DataplaneError>;
+
+    /// Starts [`IpvsKernel::change_addresses`], on a thread of its own where the kernel
+    /// can (a first apply's 10,000 addresses then go alongside the sets and IPVS, which
+    /// take other kernel locks). [`IpvsKernel::finish_address_changes`] gives the results;
+    /// until then the caller changes no other address. The default does the work at once.
+    fn begin_address_changes(
+        &mut self,
+        index: u32,
+        addresses: Vec<IpAddr>,
+        add: bool,
+    ) -> AddressChanges {
+        AddressChanges::Done(self.change_addresses(index, &addresses, add))
+    }
+
+    /// Waits for changes [`IpvsKernel::begin_address_changes`] started; returns each
+    /// address's errno.
+    ///
+    /// # Errors
+    /// When the kernel could not be asked at all.
+    fn finish_address_changes(
+        &mut self,
+        pending: AddressChanges,
+    ) -> Result<Vec<i32>, DataplaneError> {
+        match pending {
+            AddressChanges::Done(result) => result,
+            AddressChanges::Running(_) => Err(io_error(
+                "changing interface addresses",
+                io::Error::other("started by another kernel handle"),
+            )),
+        }
+    }
 
     /// Reads a sysctl (`net/ipv4/vs/conntrack`); `None` when it does not exist.
     ///
@@ -282,7 +344,10 @@ impl NetlinkKernel {
         Ok(())
     }
 
-    fn sysctl_io<T: Send>(&self, work: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+    fn in_own_namespace<T: Send>(
+        &self,
+        work: impl FnOnce() -> io::Result<T> + Send,
+    ) -> io::Result<T> {
         match &self.netns {
             Some(path) => in_namespace(path, work),
             None => work(),
@@ -315,7 +380,9 @@ impl NetlinkKernel {
 
     fn route(&mut self) -> Result<&mut NetlinkSocket, DataplaneError> {
         if self.route.is_none() {
-            let socket = NetlinkSocket::open(NETLINK_ROUTE)
+            // In the kernel's namespace: the socket may have gone with a failed thread.
+            let socket = self
+                .in_own_namespace(|| NetlinkSocket::open(NETLINK_ROUTE))
                 .map_err(|e| io_error("opening an rtnetlink socket", e))?;
             self.route = Some(socket);
         }
@@ -545,29 +612,55 @@ impl IpvsKernel for NetlinkKernel {
         if addresses.is_empty() {
             return Ok(Vec::new());
         }
-        let socket = self.route()?;
-        let requests = addresses.iter().map(|ip| {
-            let message = host_address(index, *ip);
-            if add {
-                route_message(
-                    RouteNetlinkMessage::NewAddress(message),
-                    NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-                )
-            } else {
-                route_message(
-                    RouteNetlinkMessage::DelAddress(message),
-                    NLM_F_REQUEST | NLM_F_ACK,
-                )
-            }
-        });
-        socket
-            .transact(requests)
+        self.route()?
+            .transact(address_requests(index, addresses, add))
             .map_err(|e| io_error("changing interface addresses", e))
+    }
+
+    fn begin_address_changes(
+        &mut self,
+        index: u32,
+        addresses: Vec<IpAddr>,
+        add: bool,
+    ) -> AddressChanges {
+        if let Err(e) = self.route() {
+            return AddressChanges::Done(Err(e));
+        }
+        let Some(mut socket) = self.route.take() else {
+            return AddressChanges::Done(Err(io_error(
+                "rtnetlink socket",
+                io::Error::other("not open"),
+            )));
+        };
+        // The socket stays in its namespace whichever thread uses it.
+        AddressChanges::Running(std::thread::spawn(move || {
+            let result = socket.transact(address_requests(index, &addresses, add));
+            (socket, result)
+        }))
+    }
+
+    fn finish_address_changes(
+        &mut self,
+        pending: AddressChanges,
+    ) -> Result<Vec<i32>, DataplaneError> {
+        match pending {
+            AddressChanges::Done(result) => result,
+            AddressChanges::Running(thread) => {
+                let (socket, result) = thread.join().map_err(|_| {
+                    io_error(
+                        "changing interface addresses",
+                        io::Error::other("the address thread panicked"),
+                    )
+                })?;
+                self.route = Some(socket);
+                result.map_err(|e| io_error("changing interface addresses", e))
+            }
+        }
     }
 
     fn read_sysctl(&mut self, name: &str) -> Result<Option<String>, DataplaneError> {
         let path = format!("/proc/sys/{name}");
-        match self.sysctl_io(|| std::fs::read_to_string(&path)) {
+        match self.in_own_namespace(|| std::fs::read_to_string(&path)) {
             Ok(text) => Ok(Some(text.trim().to_owned())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_error(format!("reading {path}"), e)),
@@ -576,7 +669,7 @@ impl IpvsKernel for NetlinkKernel {
 
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError> {
         let path = format!("/proc/sys/{name}");
-        self.sysctl_io(|| std::fs::write(&path, value))
+        self.in_own_namespace(|| std::fs::write(&path, value))
             .map_err(|e| io_error(format!("writing {value} to {path}"), e))
     }
 
