@@ -430,6 +430,7 @@ fn bench(services: usize, changes: usize) {
     let mut times = Vec::new();
     let mut merges = Vec::new();
     let mut changed = Vec::new();
+    let mut slowest: Option<(Duration, String)> = None;
     for k in 0..changes {
         move_endpoint(k, &candidates, &mut cluster, &mut planner, &mut objects);
         let start = Instant::now();
@@ -437,8 +438,12 @@ fn bench(services: usize, changes: usize) {
         merges.push(start.elapsed());
         let start = Instant::now();
         let report = dp.sync_shared(&merged, false).expect("change");
-        times.push(start.elapsed());
+        let took = start.elapsed();
+        times.push(took);
         changed.push(report.changed);
+        if slowest.as_ref().is_none_or(|(t, _)| took > *t) {
+            slowest = Some((took, phases(&report)));
+        }
     }
     let start = Instant::now();
     dp.cleanup().expect("cleanup");
@@ -477,6 +482,9 @@ fn bench(services: usize, changes: usize) {
         &format!("one endpoint change (median / p99 of {changes})"),
         &times,
     );
+    if let Some((took, phases)) = &slowest {
+        println!("| the slowest of them | {} ({phases}) |", ms(*took));
+    }
     quantiles_row(
         "before that: merge of the plan (one shard changed, the others reused; median / p99)",
         &merges,

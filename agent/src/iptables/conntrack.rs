@@ -273,6 +273,28 @@ impl StaleFlows {
         }
     }
 
+    /// Whether the entry `flow` is one of these: what `conntrack` with
+    /// [`StaleFlows::conntrack_args`] deletes (the family is the listing's).
+    #[must_use]
+    pub fn matches(&self, flow: &Flow) -> bool {
+        let to = |dest: &Destination| match *dest {
+            Destination::Address { ip, port } => flow.orig_dst == ip && flow.dport == port,
+            Destination::NodePort { port, .. } => flow.dport == port,
+        };
+        match self {
+            Self::To(dest) => to(dest),
+            Self::Via(dest, (ip, port)) => {
+                to(dest) && flow.reply_src == *ip && flow.reply_sport == *port
+            }
+            Self::Exact(exact) => {
+                flow.orig_src == exact.orig_src
+                    && flow.orig_dst == exact.orig_dst
+                    && flow.sport == exact.sport
+                    && flow.dport == exact.dport
+            }
+        }
+    }
+
     /// The `conntrack` arguments that delete these entries.
     #[must_use]
     pub fn conntrack_args(&self) -> Vec<String> {
@@ -380,7 +402,7 @@ impl UdpTracker {
                 let mut flows = Vec::new();
                 for family in [Family::V4, Family::V6] {
                     if paths.has_family(family) {
-                        let listed = list_udp(runner, family)?;
+                        let listed = runner.conntrack_list_udp(family)?;
                         flows.extend(stale_in_table(&listed, &paths, &plan.addresses));
                     }
                 }
@@ -395,7 +417,7 @@ impl UdpTracker {
                 flow.conntrack_args().join(" ")
             ));
             if !dry_run {
-                deleted += delete(runner, flow)?;
+                deleted += runner.conntrack_delete(flow)?;
             }
         }
         // Only once deleted: a failure leaves the paths as they were, to try again.
@@ -509,11 +531,11 @@ fn deleted_count(output: &CommandOutput) -> Option<usize> {
         .ok()
 }
 
-/// Deletes the entries; returns how many the kernel had.
+/// Deletes the entries with the `conntrack` tool; returns how many the kernel had.
 ///
 /// # Errors
 /// When `conntrack` is missing or fails (finding nothing to delete is not a failure).
-pub fn delete(runner: &dyn Runner, flows: &StaleFlows) -> Result<usize, DataplaneError> {
+pub fn delete<R: Runner + ?Sized>(runner: &R, flows: &StaleFlows) -> Result<usize, DataplaneError> {
     let args = flows.conntrack_args();
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = runner.run(CONNTRACK, &argv, None)?;
@@ -524,11 +546,14 @@ pub fn delete(runner: &dyn Runner, flows: &StaleFlows) -> Result<usize, Dataplan
     }
 }
 
-/// Lists the UDP entries of one family.
+/// Lists the UDP entries of one family with the `conntrack` tool.
 ///
 /// # Errors
 /// When `conntrack` is missing or fails.
-pub fn list_udp(runner: &dyn Runner, family: Family) -> Result<Vec<Flow>, DataplaneError> {
+pub fn list_udp<R: Runner + ?Sized>(
+    runner: &R,
+    family: Family,
+) -> Result<Vec<Flow>, DataplaneError> {
     let family = match family {
         Family::V4 => "ipv4",
         Family::V6 => "ipv6",

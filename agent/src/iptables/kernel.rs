@@ -16,12 +16,14 @@ pub mod fake;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use proxyplan_crds::{IpFamily, MergedPlan};
 
 use super::apply::{KernelFamily, KernelTable, SaveParser};
 use super::cache::FamilyCache;
-use super::conntrack::{EntryChange, UdpTracker};
+use super::conntrack::{self, EntryChange, Flow, StaleFlows, UdpTracker};
+use super::conntrack_netlink::ConntrackNetlink;
 use super::render::FamilyInputs;
 use super::{Family, RenderSettings, TableName, names};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
@@ -117,6 +119,23 @@ pub trait Runner {
         output.stdout = String::new();
         Ok(output)
     }
+
+    /// The UDP conntrack entries of `family`. The default lists them with `conntrack -L`.
+    ///
+    /// # Errors
+    /// When they cannot be listed.
+    fn conntrack_list_udp(&self, family: Family) -> Result<Vec<Flow>, DataplaneError> {
+        conntrack::list_udp(self, family)
+    }
+
+    /// Deletes the conntrack entries `flows` names; returns how many the kernel had.
+    /// The default runs `conntrack -D`.
+    ///
+    /// # Errors
+    /// When they cannot be deleted (finding none is not an error).
+    fn conntrack_delete(&self, flows: &StaleFlows) -> Result<usize, DataplaneError> {
+        conntrack::delete(self, flows)
+    }
 }
 
 /// The Debian package that provides `program`.
@@ -138,11 +157,24 @@ fn missing(program: &str) -> DataplaneError {
 }
 
 /// Runs commands with [`std::process::Command`], optionally behind a prefix such as
-/// `ip netns exec NAME`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// `ip netns exec NAME`; conntrack entries go over one ctnetlink socket it keeps (shared
+/// by its clones).
+#[derive(Debug, Clone, Default)]
 pub struct CommandRunner {
     prefix: Vec<String>,
+    /// The network namespace `prefix` enters, for what goes over netlink instead.
+    netns: Option<String>,
+    /// The ctnetlink socket, opened on first use, dropped after a failure.
+    conntrack: Arc<Mutex<Option<ConntrackNetlink>>>,
 }
+
+impl PartialEq for CommandRunner {
+    fn eq(&self, other: &Self) -> bool {
+        self.prefix == other.prefix && self.netns == other.netns
+    }
+}
+
+impl Eq for CommandRunner {}
 
 impl CommandRunner {
     /// Runs commands directly, in the agent's own network namespace.
@@ -154,18 +186,59 @@ impl CommandRunner {
     /// Runs every command as `PREFIX... program args...`.
     #[must_use]
     pub fn with_prefix(prefix: Vec<String>) -> Self {
-        Self { prefix }
+        Self {
+            prefix,
+            ..Self::default()
+        }
     }
 
     /// Runs every command inside the named network namespace (`ip netns exec NAME`).
     #[must_use]
     pub fn in_netns(name: &str) -> Self {
-        Self::with_prefix(vec![
-            "ip".into(),
-            "netns".into(),
-            "exec".into(),
-            name.into(),
-        ])
+        Self {
+            netns: Some(name.to_owned()),
+            ..Self::with_prefix(vec![
+                "ip".into(),
+                "netns".into(),
+                "exec".into(),
+                name.into(),
+            ])
+        }
+    }
+
+    /// Runs `work` with the ctnetlink socket, opened in the runner's namespace if need be.
+    fn conntrack_netlink<T>(
+        &self,
+        what: &str,
+        work: impl FnOnce(&mut ConntrackNetlink) -> std::io::Result<T>,
+    ) -> Result<T, DataplaneError> {
+        let fail = |source| DataplaneError::Io {
+            context: format!("{what} over ctnetlink"),
+            source,
+        };
+        let mut held = self
+            .conntrack
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.is_none() {
+            let socket = match &self.netns {
+                Some(name) => crate::ipvs::kernel::in_namespace(
+                    &std::path::Path::new("/run/netns").join(name),
+                    ConntrackNetlink::open,
+                ),
+                None => ConntrackNetlink::open(),
+            };
+            *held = Some(socket.map_err(fail)?);
+        }
+        let Some(socket) = held.as_mut() else {
+            return Err(fail(std::io::Error::other("not open")));
+        };
+        let result = work(socket);
+        if result.is_err() {
+            // A socket left mid-dump is not reused.
+            *held = None;
+        }
+        result.map_err(fail)
     }
 }
 
@@ -326,6 +399,16 @@ impl Runner for CommandRunner {
         line: &mut dyn FnMut(&str),
     ) -> Result<CommandOutput, DataplaneError> {
         self.execute(program, args, None, Some(line))
+    }
+
+    /// Over ctnetlink: no `conntrack` process.
+    fn conntrack_list_udp(&self, family: Family) -> Result<Vec<Flow>, DataplaneError> {
+        self.conntrack_netlink("listing UDP conntrack entries", |ct| ct.list_udp(family))
+    }
+
+    /// Over ctnetlink: no `conntrack` process.
+    fn conntrack_delete(&self, flows: &StaleFlows) -> Result<usize, DataplaneError> {
+        self.conntrack_netlink("deleting UDP conntrack entries", |ct| ct.delete(flows))
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod cache;
 pub mod conntrack;
+pub mod conntrack_netlink;
 pub mod hash;
 pub mod kernel;
 pub mod names;

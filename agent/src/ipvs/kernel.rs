@@ -264,7 +264,7 @@ pub struct NetlinkKernel {
 
 /// Runs `work` on a thread that has entered the network namespace at `path`; the caller's
 /// namespace is untouched. A socket opened there stays in that namespace.
-fn in_namespace<T: Send>(
+pub(crate) fn in_namespace<T: Send>(
     path: &std::path::Path,
     work: impl FnOnce() -> io::Result<T> + Send,
 ) -> io::Result<T> {
