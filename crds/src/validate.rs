@@ -82,6 +82,8 @@ pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPl
 #[derive(Debug, Default)]
 pub struct MergeCache {
     shards: HashMap<String, CachedShard>,
+    /// Whether shards a plan no longer names stay until [`MergeCache::forget`].
+    keep_unnamed: bool,
     /// The last merge's cluster entries, sorted: the next merge replaces only the
     /// entries of the shards that changed instead of sorting everything again.
     combined: Option<Combined>,
@@ -143,6 +145,32 @@ impl MergeCache {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache that keeps a shard's entries until [`MergeCache::forget`], even
+    /// while no plan names it: for a caller that drops its own copy of the entries of
+    /// shards the cache [`MergeCache::holds`].
+    #[must_use]
+    pub fn keeping_unnamed() -> Self {
+        Self {
+            keep_unnamed: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether it holds the validated entries of shard `name` at `resource_version`: a
+    /// merge then never reads that object's entries.
+    #[must_use]
+    pub fn holds(&self, name: &str, resource_version: &str) -> bool {
+        self.shards
+            .get(name)
+            .is_some_and(|c| c.resource_version == resource_version)
+    }
+
+    /// Drops what it holds of shard `name`.
+    pub fn forget(&mut self, name: &str) {
+        self.shards.remove(name);
+        self.combined = None;
     }
 
     /// How many shards it holds.
@@ -338,7 +366,9 @@ fn merge_with<'a>(
         }
         shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
     }
-    cache.shards.retain(|name, _| used.contains(name.as_str()));
+    if !cache.keep_unnamed {
+        cache.shards.retain(|name, _| used.contains(name.as_str()));
+    }
     let located =
         |index: usize, name: &str, uncached: &mut HashMap<usize, Vec<Arc<ServicePortPlan>>>| {
             let list = match uncached.remove(&index) {

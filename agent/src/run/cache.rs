@@ -119,8 +119,30 @@ pub struct PlanCache {
     zone_listed: bool,
     zone_relist: Option<Vec<ProxyPlanShard>>,
     /// Cluster shards already validated, so a merge after one shard changed checks and
-    /// copies only that shard.
-    merges: std::sync::Mutex<MergeCache>,
+    /// copies only that shard. It holds their entries: the stored objects drop theirs.
+    merges: Merges,
+}
+
+/// The merge cache, keeping a shard's entries until the shard leaves the store: once it
+/// holds them, the stored object's own copy is dropped (half the agent's plan memory).
+#[derive(Debug)]
+struct Merges(MergeCache);
+
+impl Default for Merges {
+    fn default() -> Self {
+        Self(MergeCache::keeping_unnamed())
+    }
+}
+
+impl Merges {
+    /// Whether `shard`'s entries are held here instead of in the object.
+    fn holds(&self, shard: &ProxyPlanShard) -> bool {
+        shard
+            .metadata
+            .resource_version
+            .as_deref()
+            .is_some_and(|version| self.0.holds(&shard.name_any(), version))
+    }
 }
 
 impl PlanCache {
@@ -161,6 +183,7 @@ impl PlanCache {
         for name in self.shards.names_from(ShardSource::Zone) {
             relevant |= self.is_named(&name);
             self.shards.remove(&name);
+            self.merges.0.forget(&name);
         }
         relevant
     }
@@ -251,7 +274,16 @@ impl PlanCache {
                 let name = shard.name_any();
                 let changed_at = change_time(&shard.metadata);
                 let relevant = self.is_named(&name)
-                    && self.shards.get(&name).map(|s| &s.spec) != Some(&shard.spec);
+                    && match self.shards.get(&name) {
+                        None => true,
+                        // Entries dropped: the same resourceVersion is the same content.
+                        Some(held)
+                            if held.spec.service_ports.is_empty() && self.merges.holds(held) =>
+                        {
+                            held.metadata.resource_version != shard.metadata.resource_version
+                        }
+                        Some(held) => held.spec != shard.spec,
+                    };
                 self.shards.upsert(source, shard);
                 Change {
                     relevant,
@@ -263,6 +295,7 @@ impl PlanCache {
                 let name = shard.name_any();
                 let relevant = self.is_named(&name) && self.shards.get(&name).is_some();
                 self.shards.remove(&name);
+                self.merges.0.forget(&name);
                 Change {
                     relevant,
                     ..Change::default()
@@ -277,6 +310,7 @@ impl PlanCache {
         for name in self.shards.names_from(source) {
             if !fresh.contains_key(&name) {
                 self.shards.remove(&name);
+                self.merges.0.forget(&name);
             }
         }
         for shard in fresh.into_values() {
@@ -298,7 +332,7 @@ impl PlanCache {
 
     /// Validates and merges the plan with the shards it names.
     #[must_use]
-    pub fn evaluate(&self) -> PlanOutcome {
+    pub fn evaluate(&mut self) -> PlanOutcome {
         if !self.listed() {
             return PlanOutcome::NotListed;
         }
@@ -318,13 +352,16 @@ impl PlanCache {
                 missing,
             };
         }
-        // The cache only saves work: a poisoned lock (a panic mid-merge) starts afresh.
-        let mut cache = self
-            .merges
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match merge_cached(plan, &self.shards.shards, &mut cache) {
-            Ok(merged) => PlanOutcome::Merged(Arc::new(merged)),
+        match merge_cached(plan, &self.shards.shards, &mut self.merges.0) {
+            Ok(merged) => {
+                // The cache holds these shards' validated entries now.
+                for shard in &mut self.shards.shards {
+                    if !shard.spec.service_ports.is_empty() && self.merges.holds(shard) {
+                        shard.spec.service_ports = Vec::new();
+                    }
+                }
+                PlanOutcome::Merged(Arc::new(merged))
+            }
             Err(error) => PlanOutcome::Invalid {
                 revision: plan.spec.revision.clone(),
                 error,
@@ -418,6 +455,95 @@ mod tests {
             PlanOutcome::Merged(m) => m.shard_revisions.clone(),
             other => panic!("not merged: {other:?}"),
         }
+    }
+
+    /// A cluster shard at `version` with one entry per key.
+    fn versioned(name: &str, version: &str, keys: &[&str]) -> ProxyPlanShard {
+        let mut s = shard(name, version, None);
+        s.metadata.resource_version = Some(version.to_owned());
+        s.spec.service_ports = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                serde_json::from_str(&format!(
+                    r#"{{"key":"{key}","namespace":"demo","name":"{key}","portName":"http",
+                    "family":"IPv4","protocol":"TCP","port":80,"clusterIP":"10.96.0.{}",
+                    "internal":{{"policy":"Cluster","whenEmpty":"Reject"}},
+                    "masquerade":{{"all":false,"offClusterToClusterIP":false,"external":false,
+                    "localHostToExternal":false,"hairpin":true}}}}"#,
+                    i + 1
+                ))
+                .unwrap()
+            })
+            .collect();
+        s
+    }
+
+    fn keys(outcome: &PlanOutcome) -> Vec<String> {
+        match outcome {
+            PlanOutcome::Merged(m) => m.service_ports.iter().map(|e| e.key.clone()).collect(),
+            other => panic!("not merged: {other:?}"),
+        }
+    }
+
+    /// Once merged, a cluster shard's entries live only in the merge cache; the merges
+    /// after that are the same, also when the plan stops naming the shard and names it
+    /// again, and a new version of the shard brings its new entries.
+    #[test]
+    fn merged_shards_keep_their_entries_in_the_merge_cache_only() {
+        let mut cache = PlanCache::default();
+        let a = versioned("cluster-a", "1", &["a/x", "a/y"]);
+        let b = versioned("cluster-b", "1", &["b/z"]);
+        listed(
+            &mut cache,
+            plan("r1", None, &["cluster-a", "cluster-b"]),
+            vec![a.clone(), b],
+        );
+        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
+        let held = |cache: &PlanCache, name: &str| {
+            cache.shards.get(name).unwrap().spec.service_ports.len()
+        };
+        assert_eq!(
+            held(&cache, "cluster-a"),
+            0,
+            "entries dropped from the object"
+        );
+        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
+
+        // The same version again changes nothing.
+        let same = cache.shard_event(ShardSource::Cluster, None, Event::Apply(a));
+        assert!(!same.relevant);
+        assert!(matches!(cache.evaluate(), PlanOutcome::Merged(_)));
+        assert_eq!(held(&cache, "cluster-a"), 0);
+
+        // Unnamed, then named again: the cache kept the entries.
+        cache.plan_event(Event::Apply(plan("r2", None, &["cluster-b"])));
+        assert_eq!(keys(&cache.evaluate()), ["b/z"]);
+        cache.plan_event(Event::Apply(plan("r3", None, &["cluster-a", "cluster-b"])));
+        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
+
+        // A new version brings its entries; a deleted shard is forgotten.
+        let a2 = versioned("cluster-a", "2", &["a/w"]);
+        assert!(
+            cache
+                .shard_event(ShardSource::Cluster, None, Event::Apply(a2))
+                .relevant
+        );
+        assert_eq!(keys(&cache.evaluate()), ["a/w", "b/z"]);
+        let gone = versioned("cluster-b", "1", &[]);
+        cache.shard_event(ShardSource::Cluster, None, Event::Delete(gone));
+        assert!(!cache.merges.0.holds("cluster-b", "1"));
+        assert!(matches!(cache.evaluate(), PlanOutcome::Waiting { .. }));
+
+        // A re-list of the same versions merges as before.
+        let a2 = versioned("cluster-a", "2", &["a/w"]);
+        let b = versioned("cluster-b", "1", &["b/z"]);
+        cache.shard_event(ShardSource::Cluster, None, Event::Init);
+        cache.shard_event(ShardSource::Cluster, None, Event::InitApply(a2));
+        cache.shard_event(ShardSource::Cluster, None, Event::InitApply(b));
+        cache.shard_event(ShardSource::Cluster, None, Event::InitDone);
+        assert_eq!(keys(&cache.evaluate()), ["a/w", "b/z"]);
+        assert_eq!(held(&cache, "cluster-b"), 0);
     }
 
     #[test]
