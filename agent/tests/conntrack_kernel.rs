@@ -16,32 +16,17 @@ fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
 }
 
-/// Inserts a UDP entry `client:sport -> vip:dport`, answered by `backend:bport`.
+/// Inserts a UDP entry `client:sport -> vip:53`, answered by `backend:bport`.
 fn insert(ns: &Netns, client: &str, sport: u16, vip: &str, backend: &str, bport: u16) {
-    ns.run(&[
-        "conntrack",
-        "-I",
-        "-p",
-        "udp",
-        "-s",
+    support::insert_udp_flow(
+        ns,
         client,
-        "-d",
+        &sport.to_string(),
         vip,
-        "--sport",
-        &sport.to_string(),
-        "--dport",
         "53",
-        "-r",
         backend,
-        "-q",
-        client,
-        "--reply-port-src",
         &bport.to_string(),
-        "--reply-port-dst",
-        &sport.to_string(),
-        "-t",
-        "120",
-    ]);
+    );
 }
 
 fn flow(client: &str, sport: u16, vip: &str, backend: &str, bport: u16) -> Flow {
@@ -139,30 +124,7 @@ fn udp_entries_are_listed_and_deleted_over_netlink() {
     );
 
     // IPv6.
-    ns.run(&[
-        "conntrack",
-        "-I",
-        "-p",
-        "udp",
-        "-s",
-        "fd00::5",
-        "-d",
-        "fd00:96::a",
-        "--sport",
-        "40005",
-        "--dport",
-        "53",
-        "-r",
-        "fd00::7",
-        "-q",
-        "fd00::5",
-        "--reply-port-src",
-        "5353",
-        "--reply-port-dst",
-        "40005",
-        "-t",
-        "120",
-    ]);
+    insert(&ns, "fd00::5", 40005, "fd00:96::a", "fd00::7", 5353);
     let v6 = flow("fd00::5", 40005, "fd00:96::a", "fd00::7", 5353);
     assert_eq!(runner.conntrack_list_udp(Family::V6).expect("list"), [v6]);
     assert_eq!(

@@ -375,41 +375,6 @@ fn conntrack_count(ns: &Netns) -> usize {
     ns.run(&["conntrack", "-L", "-p", "udp"]).lines().count()
 }
 
-fn insert_flow(
-    ns: &Netns,
-    src: &str,
-    sport: &str,
-    vip: &str,
-    dport: &str,
-    reply: &str,
-    reply_port: &str,
-) {
-    ns.run(&[
-        "conntrack",
-        "-I",
-        "-p",
-        "udp",
-        "-s",
-        src,
-        "-d",
-        vip,
-        "--sport",
-        sport,
-        "--dport",
-        dport,
-        "--reply-src",
-        reply,
-        "--reply-dst",
-        src,
-        "--reply-port-src",
-        reply_port,
-        "--reply-port-dst",
-        sport,
-        "-t",
-        "100",
-    ]);
-}
-
 #[test]
 fn stale_udp_conntrack_entries_are_deleted() {
     let Some(ns) = namespace(Backend::Nft) else {
@@ -417,7 +382,7 @@ fn stale_udp_conntrack_entries_are_deleted() {
     };
     let dns = |eps: &[&str]| plan(vec![udp(service("dns", "10.96.0.53", 53, eps))]);
     // Agent start: an entry that was never DNATed is stale, one DNATed to the endpoint is not.
-    insert_flow(
+    support::insert_udp_flow(
         &ns,
         "10.0.0.1",
         "5000",
@@ -426,7 +391,7 @@ fn stale_udp_conntrack_entries_are_deleted() {
         "10.96.0.53",
         "53",
     );
-    insert_flow(
+    support::insert_udp_flow(
         &ns,
         "10.0.0.2",
         "5000",
@@ -446,7 +411,7 @@ fn stale_udp_conntrack_entries_are_deleted() {
     assert_eq!(conntrack_count(&ns), 0);
 
     // A client kept sending while there was no endpoint; an endpoint appears.
-    insert_flow(
+    support::insert_udp_flow(
         &ns,
         "10.0.0.3",
         "5000",
@@ -455,7 +420,7 @@ fn stale_udp_conntrack_entries_are_deleted() {
         "10.96.0.53",
         "53",
     );
-    insert_flow(
+    support::insert_udp_flow(
         &ns,
         "10.0.0.3",
         "5001",

@@ -246,3 +246,40 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// Inserts a UDP conntrack entry `src:sport -> vip:dport` whose reply comes from
+/// `reply:reply_port`, with the `conntrack` tool.
+pub fn insert_udp_flow(
+    ns: &Netns,
+    src: &str,
+    sport: &str,
+    vip: &str,
+    dport: &str,
+    reply: &str,
+    reply_port: &str,
+) {
+    ns.run(&[
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        src,
+        "-d",
+        vip,
+        "--sport",
+        sport,
+        "--dport",
+        dport,
+        "--reply-src",
+        reply,
+        "--reply-dst",
+        src,
+        "--reply-port-src",
+        reply_port,
+        "--reply-port-dst",
+        sport,
+        "-t",
+        "100",
+    ]);
+}
