@@ -104,7 +104,10 @@ impl Objects {
         let changes = planner.take_changes();
         for object in changes.apply {
             match object {
-                DesiredObject::Plan(p) if p.metadata.name.as_deref() == Some(NODE) => {
+                DesiredObject::Plan(mut p) if p.metadata.name.as_deref() == Some(NODE) => {
+                    // As the API server gives it: with a resourceVersion.
+                    self.versions += 1;
+                    p.metadata.resource_version = Some(self.versions.to_string());
                     self.plan = Some(p);
                 }
                 DesiredObject::Plan(_) => {}

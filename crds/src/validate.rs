@@ -84,6 +84,9 @@ pub struct MergeCache {
     shards: HashMap<String, CachedShard>,
     /// Whether shards a plan no longer names stay until [`MergeCache::forget`].
     keep_unnamed: bool,
+    /// The last merge's overridden entries, so an unchanged override of an unchanged
+    /// entry is neither checked nor copied again (and stays the same allocation).
+    overridden: HashMap<(String, usize), Overridden>,
     /// The last merge's cluster entries, sorted: the next merge replaces only the
     /// entries of the shards that changed instead of sorting everything again.
     combined: Option<Combined>,
@@ -92,6 +95,17 @@ pub struct MergeCache {
 /// Cluster entries of a merge, sorted by key and then shard order, with where each came
 /// from: `(entry, index in spec.shards, index in the shard)`.
 type Located = (Arc<ServicePortPlan>, usize, usize);
+
+/// An override applied by an earlier merge.
+#[derive(Debug)]
+struct Overridden {
+    /// `resourceVersion` of the object the override is in.
+    version: String,
+    /// The entry it was applied to.
+    base: Arc<ServicePortPlan>,
+    /// The entry it made.
+    result: Arc<ServicePortPlan>,
+}
 
 #[derive(Debug)]
 struct Combined {
@@ -359,8 +373,9 @@ fn merge_with<'a>(
                         ),
                     ));
                 }
+                let version = shard.metadata.resource_version.as_deref();
                 for (i, o) in shard.spec.overrides.iter().enumerate() {
-                    zone_overrides.push((shard_object.clone(), i, o));
+                    zone_overrides.push((shard_object.clone(), version, i, o));
                 }
             }
         }
@@ -450,16 +465,65 @@ fn merge_with<'a>(
             entries,
         });
     }
-    for (object, i, o) in zone_overrides {
-        apply_override(
-            &Checker { object: &object },
-            &|| format!("spec.overrides[{i}]"),
-            &mut merged,
+    let previous = std::mem::take(&mut cache.overridden);
+    let mut apply = |object: &str,
+                     version: Option<&str>,
+                     field: &dyn Fn() -> String,
+                     i: usize,
+                     o: &EndpointOverride|
+     -> Result<(), PlanError> {
+        let check = Checker { object };
+        let found = merged.binary_search_by(|e| e.key.as_str().cmp(o.key.as_str()));
+        let (Some(version), Ok(at)) = (version, found) else {
+            return apply_override(&check, &field, &mut merged, o);
+        };
+        let id = (object.to_owned(), i);
+        if let Some(earlier) = previous.get(&id)
+            && earlier.version == version
+            && merged
+                .get(at)
+                .is_some_and(|e| Arc::ptr_eq(e, &earlier.base))
+            && let Some(slot) = merged.get_mut(at)
+        {
+            *slot = Arc::clone(&earlier.result);
+            cache.overridden.insert(
+                id,
+                Overridden {
+                    version: version.to_owned(),
+                    base: Arc::clone(&earlier.base),
+                    result: Arc::clone(&earlier.result),
+                },
+            );
+            return Ok(());
+        }
+        let Some(base) = merged.get(at).map(Arc::clone) else {
+            return apply_override(&check, &field, &mut merged, o);
+        };
+        apply_override(&check, &field, &mut merged, o)?;
+        if let Some(result) = merged.get(at) {
+            cache.overridden.insert(
+                id,
+                Overridden {
+                    version: version.to_owned(),
+                    base,
+                    result: Arc::clone(result),
+                },
+            );
+        }
+        Ok(())
+    };
+    for (object, version, i, o) in zone_overrides {
+        apply(&object, version, &|| format!("spec.overrides[{i}]"), i, o)?;
+    }
+    let plan_version = plan.metadata.resource_version.as_deref();
+    for (i, o) in spec.overlay.iter().enumerate() {
+        apply(
+            &object,
+            plan_version,
+            &|| format!("spec.overlay[{i}]"),
+            i,
             o,
         )?;
-    }
-    for (i, o) in spec.overlay.iter().enumerate() {
-        apply_override(&check, &|| format!("spec.overlay[{i}]"), &mut merged, o)?;
     }
     Ok(MergedPlan {
         node_name: spec.node_name.clone(),

@@ -390,6 +390,10 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
     let mut cache = MergeCache::new();
     let mut names = vec!["cluster-0", "cluster-1", "cluster-2", "cluster-3"];
     let mut errors = 0;
+    let mut zone = zone_shard("zone-a", "z1", vec![]);
+    // Each edit adds an endpoint with a port of its own.
+    let mut edits: u16 = 1000;
+    let mut overlay_key = key(0);
     // A duplicate key added on purpose, taken out again at the next step.
     let mut duplicate: Option<(usize, String)> = None;
     for step in 0..300 {
@@ -425,8 +429,8 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
                 }
                 4..=6 if !list.is_empty() => {
                     let at = rng.below(list.len());
-                    let port = 81 + u16::try_from(step).unwrap_or(0);
-                    list[at].cluster_endpoints.push(ep("10.0.0.9", port));
+                    edits += 1;
+                    list[at].cluster_endpoints.push(ep("10.0.0.9", edits));
                 }
                 7 if duplicate.is_none() && !taken.is_empty() => {
                     let k = taken[rng.below(taken.len())].clone();
@@ -441,18 +445,54 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
         if step % 50 == 49 {
             names.rotate_left(1);
         }
+        // The plan's overlay and a zone shard's overrides change every few steps (a new
+        // resourceVersion each time) and otherwise stay as they were.
+        let some_key = |rng: &mut Lcg| {
+            let all: Vec<&ServicePortPlan> =
+                shards.iter().flat_map(|s| &s.spec.service_ports).collect();
+            all.get(rng.below(all.len()))
+                .map_or_else(|| key(0), |e| e.key.clone())
+        };
+        if step % 5 == 0 {
+            overlay_key = some_key(&mut rng);
+        }
+        let present = |k: &str| {
+            shards
+                .iter()
+                .any(|s| s.spec.service_ports.iter().any(|e| e.key == k))
+        };
+        let stale = zone.spec.overrides.iter().any(|o| !present(&o.key));
+        if step % 7 == 0 || stale {
+            // Every other time the same keys with other endpoints.
+            let port = 81 + u16::try_from(step).unwrap_or(0);
+            let keys: Vec<String> = if step % 14 == 0 || stale || zone.spec.overrides.is_empty() {
+                (0..3).map(|_| some_key(&mut rng)).collect()
+            } else {
+                zone.spec.overrides.iter().map(|o| o.key.clone()).collect()
+            };
+            zone.spec.overrides = keys
+                .into_iter()
+                .map(|key| EndpointOverride {
+                    key,
+                    cluster_endpoints: Some(vec![ep("10.0.1.1", port)]),
+                    local_endpoints: None,
+                })
+                .collect();
+            zone.metadata.resource_version = Some(format!("z{step}"));
+        }
         let overlay = vec![EndpointOverride {
-            key: shards[0]
-                .spec
-                .service_ports
-                .first()
-                .map_or_else(|| key(0), |e| e.key.clone()),
+            key: overlay_key.clone(),
             cluster_endpoints: None,
             local_endpoints: Some(vec![ep("10.0.0.5", 80)]),
         }];
-        let p = plan(&names, overlay);
-        let fresh = merge(&p, &shards);
-        let cached = merge_cached(&p, &shards, &mut cache);
+        let mut named = names.clone();
+        named.push("zone-a");
+        let mut p = plan(&named, overlay);
+        p.metadata.resource_version = Some(format!("p{}", step / 5));
+        let mut all = shards.clone();
+        all.push(zone.clone());
+        let fresh = merge(&p, &all);
+        let cached = merge_cached(&p, &all, &mut cache);
         match (&fresh, &cached) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "step {step}"),
             (Err(a), Err(b)) => {
@@ -463,5 +503,41 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
         }
     }
     // Both outcomes were exercised, mostly successful merges.
-    assert!(errors > 0 && errors < 100, "{errors} errors");
+    assert!(errors > 0 && errors < 120, "{errors} errors");
+}
+
+#[test]
+fn an_unchanged_override_of_an_unchanged_entry_is_the_same_allocation() {
+    let cluster = versioned(
+        cluster_shard(
+            "cluster-0",
+            vec![entry(KEY, "10.96.0.1", vec![ep("10.0.0.1", 80)])],
+        ),
+        "1",
+    );
+    let zone = |version: &str, port: u16| {
+        versioned(
+            zone_shard(
+                "zone-a",
+                "z1",
+                vec![EndpointOverride {
+                    key: KEY.into(),
+                    cluster_endpoints: Some(vec![ep("10.0.0.2", port)]),
+                    local_endpoints: None,
+                }],
+            ),
+            version,
+        )
+    };
+    let mut p = plan(&["cluster-0", "zone-a"], vec![]);
+    p.metadata.resource_version = Some("7".into());
+    let mut cache = MergeCache::new();
+    let shards = [cluster.clone(), zone("1", 80)];
+    let first = merge_cached(&p, &shards, &mut cache).expect("merges");
+    let second = merge_cached(&p, &shards, &mut cache).expect("merges");
+    assert!(Arc::ptr_eq(find(&first, KEY), find(&second, KEY)));
+    assert_eq!(find(&second, KEY).cluster_endpoints, [ep("10.0.0.2", 80)]);
+    // A new version of the zone shard is applied again.
+    let third = merge_cached(&p, &[cluster, zone("2", 81)], &mut cache).expect("merges");
+    assert_eq!(find(&third, KEY).cluster_endpoints, [ep("10.0.0.2", 81)]);
 }
