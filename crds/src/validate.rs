@@ -123,10 +123,10 @@ fn located_order(a: &Located, b: &Located) -> std::cmp::Ordering {
         .then(a.2.cmp(&b.2))
 }
 
-/// `base` (sorted, without the changed shards' entries) with `fresh` (sorted) merged in.
-/// Each fresh entry is placed by binary search, so unchanged entries are moved, not
-/// compared.
-fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> Vec<Located> {
+/// `base` (sorted, without the changed shards' entries) with `fresh` (sorted) merged in,
+/// and where the fresh entries went. Each fresh entry is placed by binary search, so
+/// unchanged entries are moved, not compared.
+fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> (Vec<Located>, Vec<usize>) {
     let mut positions = Vec::with_capacity(fresh.len());
     let mut start = 0;
     for entry in &fresh {
@@ -137,15 +137,39 @@ fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> Vec<Located> {
         positions.push(start);
     }
     let mut out = Vec::with_capacity(base.len() + fresh.len());
+    let mut placed = Vec::with_capacity(fresh.len());
     let mut base = base.into_iter();
     let mut taken = 0;
     for (entry, at) in fresh.into_iter().zip(positions) {
         out.extend(base.by_ref().take(at - taken));
         taken = at;
+        placed.push(out.len());
         out.push(entry);
     }
     out.extend(base);
-    out
+    (out, placed)
+}
+
+/// The first two neighbours with the same key, looking only at `near` (every pair
+/// with the same key has one of them; `None`: every pair).
+fn first_duplicate<'a>(entries: &'a [Located], near: Option<&[usize]>) -> Option<&'a [Located]> {
+    let same = |at: usize| {
+        entries
+            .get(at..at + 2)
+            .filter(|w| matches!(w, [a, b] if a.0.key == b.0.key))
+    };
+    match near {
+        None => entries
+            .windows(2)
+            .find(|w| matches!(w, [a, b] if a.0.key == b.0.key)),
+        Some(near) => near
+            .iter()
+            .flat_map(|&at| [at.checked_sub(1), Some(at)])
+            .flatten()
+            .filter_map(|at| same(at).map(|w| (at, w)))
+            .min_by_key(|(at, _)| *at)
+            .map(|(_, w)| w),
+    }
 }
 
 #[derive(Debug)]
@@ -411,7 +435,7 @@ fn merge_with<'a>(
                     i == index && name == now && version.is_some()
                 })
     });
-    let entries: Vec<Located> = match reusable {
+    let (entries, placed): (Vec<Located>, Option<Vec<usize>>) = match reusable {
         Some(previous) => {
             let changed: HashSet<usize> = previous
                 .shards
@@ -427,7 +451,8 @@ fn merge_with<'a>(
                 fresh.extend(located(index, name, &mut uncached));
             }
             fresh.sort_by(located_order);
-            merge_sorted(base, fresh)
+            let (entries, placed) = merge_sorted(base, fresh);
+            (entries, Some(placed))
         }
         None => {
             let mut all = Vec::new();
@@ -435,12 +460,12 @@ fn merge_with<'a>(
                 all.extend(located(index, name, &mut uncached));
             }
             all.sort_by(located_order);
-            all
+            (all, None)
         }
     };
-    // Sorted by key, equal keys in shard order: the later one is the duplicate.
-    if let Some(pair) = entries.windows(2).find(|w| w[0].0.key == w[1].0.key) {
-        let (entry, shard, i) = &pair[1];
+    // Sorted by key, equal keys in shard order: the later one is the duplicate. The
+    // entries kept from the last merge had none among themselves.
+    if let Some([_, (entry, shard, i)]) = first_duplicate(&entries, placed.as_deref()) {
         let name = spec.shards.get(*shard).map_or("", |s| s.name.as_str());
         return Err(PlanError::InvalidField {
             object: format!("ProxyPlanShard/{name}"),

@@ -274,6 +274,8 @@ impl Desired {
                 (None, None) => break,
                 (Some(_), None) => std::cmp::Ordering::Less,
                 (None, Some(_)) => std::cmp::Ordering::Greater,
+                // The same allocation has the same key: no string comparison.
+                (Some(o), Some((_, n))) if Arc::ptr_eq(o, n) => std::cmp::Ordering::Equal,
                 (Some(o), Some((_, n))) => o.key.cmp(&n.key),
             };
             match order {
