@@ -21,6 +21,16 @@ use proxyplan_crds::MergedPlan;
 use support::{service, udp};
 use traffic_support::{Lab, Listener, NODE_V4, NODE_V6};
 
+/// One test at a time: IPVS dumps walk one table shared by every namespace, so a test
+/// adding hundreds of services makes another's `ipvsadm -Ln` list some twice.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn plan(entries: Vec<proxyplan_crds::ServicePortPlan>) -> MergedPlan {
     let mut plan = support::plan(entries);
     plan.addresses = vec![NODE_V4.parse().unwrap(), NODE_V6.parse().unwrap()];
@@ -65,6 +75,7 @@ fn weight(lab: &Lab, vip: &str, real: &str) -> Option<u32> {
 #[test]
 #[ignore = "needs IPVS: runs inside the VM (tests/run-all.sh)"]
 fn removed_real_servers_drain_gracefully() {
+    let _serial = serial();
     let Some(lab) = Lab::new(&["a1", "a2", "r1"]) else {
         return;
     };
@@ -155,6 +166,7 @@ fn removed_real_servers_drain_gracefully() {
 #[test]
 #[ignore = "needs IPVS: runs inside the VM (tests/run-all.sh)"]
 fn cleanup_removes_everything_the_agent_owns_and_nothing_else() {
+    let _serial = serial();
     let Some(lab) = Lab::new(&["a1"]) else {
         return;
     };
@@ -225,6 +237,7 @@ fn cleanup_removes_everything_the_agent_owns_and_nothing_else() {
 #[test]
 #[ignore = "needs IPVS: runs inside the VM (tests/run-all.sh)"]
 fn restart_reads_the_kernel_and_changes_nothing() {
+    let _serial = serial();
     let Some(lab) = Lab::new(&["a1"]) else {
         return;
     };
@@ -256,6 +269,7 @@ fn restart_reads_the_kernel_and_changes_nothing() {
 #[test]
 #[ignore = "needs IPVS: runs inside the VM (tests/run-all.sh)"]
 fn many_new_vips_are_added_alongside_the_rest() {
+    let _serial = serial();
     let Some(lab) = Lab::new(&["a1"]) else {
         return;
     };
