@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Runs every check and test of the workspace: formatting, lints, then all tests.
-# This is README's test command; .ci/run calls it after installing what it needs.
+# Runs every check and test of the workspace: formatting, lints, then all tests, among
+# them the end-to-end and fault suites against a real kube-apiserver (each starts its own
+# from ../shared/k8s) and, in a throwaway VM, the ipvs mode. This is README's test
+# command: it installs what it needs first (tests/setup.sh), so it alone works on a fresh
+# Debian machine, as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "== setup"
+bash tests/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== helm chart"
 python3 tests/chart/test_chart.py
+# The end-to-end and fault suites run the real binaries, which `cargo test` does not build.
+echo "== cargo build --bins"
+cargo build --workspace --bins --locked
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

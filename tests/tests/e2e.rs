@@ -2,14 +2,16 @@
 //!
 //! ```text
 //! cargo build --bins
+//! sudo cargo test -p proxyplan-tests --test e2e                  # its own control plane
 //! sudo E2E_KUBECONFIG=/path/to/kubeconfig cargo test -p proxyplan-tests --test e2e
 //! ```
 //!
-//! Without `E2E_KUBECONFIG` it prints one `SKIPPED e2e:` line and a libtest result line
-//! counting every scenario as ignored, and passes.
+//! The suite runs the real binaries as local processes against a real API server:
 //!
-//! With it, the suite runs the real binaries as local processes against that cluster:
-//!
+//! - without `E2E_KUBECONFIG`, its own: etcd and kube-apiserver v1.36.2 on loopback,
+//!   dual-stack, started by `../shared/k8s/control-plane.sh` (about 7 s) and stopped at
+//!   the end. When it cannot start, every scenario fails with the reason; nothing is
+//!   skipped.
 //! - `E2E_KUBECONFIG`: kubeconfig of a **disposable** cluster without proxyplan
 //!   installed (kind, for instance; on a cloud cluster the cloud's node controller may
 //!   delete the fake nodes). Its current context is used, with the permissions of a
@@ -59,8 +61,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use futures::FutureExt;
+use proxyplan_tests::control_plane::ControlPlane;
 use proxyplan_tests::e2e::report::{
-    Args, Counts, KUBECONFIG_VARIABLE, failures_section, result_line, skipped_line, test_line,
+    Args, Counts, KUBECONFIG_VARIABLE, failures_section, result_line, test_line,
 };
 use suite::Suite;
 
@@ -97,14 +100,28 @@ fn main() -> ExitCode {
         println!("{}\n", result_line(counts, started.elapsed()));
         return ExitCode::SUCCESS;
     }
-    let Some(kubeconfig) = std::env::var_os(KUBECONFIG_VARIABLE).filter(|v| !v.is_empty()) else {
-        println!("{}", skipped_line(SCENARIOS.len()));
-        let counts = Counts {
-            ignored: SCENARIOS.len(),
-            ..Counts::default()
-        };
-        println!("{}\n", result_line(counts, started.elapsed()));
-        return ExitCode::SUCCESS;
+    // A cluster named by E2E_KUBECONFIG, else a real control plane of our own.
+    let (kubeconfig, _plane) = match std::env::var_os(KUBECONFIG_VARIABLE).filter(|v| !v.is_empty())
+    {
+        Some(path) => (PathBuf::from(path), None),
+        None => match start_control_plane() {
+            Ok(plane) => (plane.kubeconfig(), Some(plane)),
+            Err(why) => {
+                println!("\nrunning {} tests", SCENARIOS.len());
+                let failures: Vec<(&str, String)> =
+                    SCENARIOS.iter().map(|name| (*name, why.clone())).collect();
+                for name in SCENARIOS {
+                    println!("{}", test_line(name, false));
+                }
+                print!("{}", failures_section(&failures));
+                let counts = Counts {
+                    failed: SCENARIOS.len(),
+                    ..Counts::default()
+                };
+                println!("\n{}\n", result_line(counts, started.elapsed()));
+                return ExitCode::FAILURE;
+            }
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -136,6 +153,21 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Starts the suite's own dual-stack control plane (etcd and kube-apiserver v1.36.2 on
+/// loopback) in a fresh temporary folder.
+fn start_control_plane() -> Result<ControlPlane, String> {
+    let dir = std::env::temp_dir().join(format!("proxyplan-e2e-cp-{}", std::process::id()));
+    let plane = ControlPlane::start(&dir, true)
+        .map_err(|e| format!("starting the real control plane for the suite: {e}"))?;
+    println!(
+        "e2e: {KUBECONFIG_VARIABLE} is not set: started a real kube-apiserver v1.36.2 \
+         (dual-stack) in {} in {:.1}s",
+        plane.dir().display(),
+        plane.started_in.as_secs_f64()
+    );
+    Ok(plane)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -3,19 +3,9 @@
 
 use std::time::Duration;
 
-/// The variable naming the cluster's kubeconfig.
+/// The variable naming a cluster's kubeconfig; without it the suites start a real control
+/// plane of their own ([`crate::control_plane`]).
 pub const KUBECONFIG_VARIABLE: &str = "E2E_KUBECONFIG";
-
-/// The one line printed when [`KUBECONFIG_VARIABLE`] is not set.
-#[must_use]
-pub fn skipped_line(scenarios: usize) -> String {
-    format!(
-        "SKIPPED e2e: {KUBECONFIG_VARIABLE} is not set; point it at the kubeconfig of a \
-         disposable cluster (the suite installs the proxyplan CRDs and creates fake Node \
-         objects and a namespace there; it needs root for the agents' network namespaces) to \
-         run the {scenarios} end-to-end scenarios"
-    )
-}
 
 /// Counts of one run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,7 +14,7 @@ pub struct Counts {
     pub passed: usize,
     /// Scenarios that failed.
     pub failed: usize,
-    /// Scenarios not run because there is no cluster.
+    /// Scenarios not run.
     pub ignored: usize,
     /// Scenarios deselected by name filters.
     pub filtered_out: usize,
@@ -164,9 +154,6 @@ mod tests {
         assert!(failed.ends_with("finished in 1.23s"));
         assert_eq!(test_line("x", true), "test x ... ok");
         assert_eq!(test_line("x", false), "test x ... FAILED");
-        let skipped = skipped_line(7);
-        assert!(skipped.starts_with("SKIPPED e2e: E2E_KUBECONFIG is not set"));
-        assert!(!skipped.contains('\n'));
         assert!(failures_section(&[]).is_empty());
         let section = failures_section(&[("a", "boom\n".to_owned())]);
         assert!(section.contains("---- a ----\nboom\n"));
