@@ -89,8 +89,7 @@ done
 
 echo
 echo "== proxyplan-controller plan --state $state --node node-a"
-"$controller" plan --state "$state" --node node-a --cluster-cidr 10.244.0.0/16 \
-    --cluster-shards 1 --zone-shards 1 > "$work/node-a.yaml"
+"$controller" plan --state "$state" --node node-a --cluster-cidr 10.244.0.0/16 > "$work/node-a.yaml"
 "$agent" check --plan "$work/node-a.yaml"
 
 echo

@@ -39,7 +39,7 @@ use proxyplan_agent::iptables::{
 };
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};
 use serde::{Deserialize, Serialize};
 
 const CHILD_VAR: &str = "AGENT_BENCH_CHILD_SERVICES";
@@ -222,10 +222,10 @@ impl Drop for Netns {
     }
 }
 
-/// The node's plan and every shard, kept up to date from the planner's changes.
+/// The node's plan and every Service plan, kept up to date from the planner's changes.
 struct Objects {
     plan: Option<NodeProxyPlan>,
-    shards: BTreeMap<String, ProxyPlanShard>,
+    services: BTreeMap<String, ServiceProxyPlan>,
 }
 
 impl Objects {
@@ -238,28 +238,22 @@ impl Objects {
                         self.plan = Some(p);
                     }
                 }
-                DesiredObject::Shard(s) => {
-                    self.shards
-                        .insert(s.metadata.name.clone().unwrap_or_default(), s);
+                DesiredObject::Service(s) => {
+                    self.services.insert(object_key(&s), s);
                 }
             }
         }
-        for name in changes.delete {
-            self.shards.remove(&name.name());
+        for id in changes.delete {
+            self.services.remove(&id.qualified_name());
         }
     }
 
-    fn named_shards(&self) -> Vec<ProxyPlanShard> {
-        let plan = self.plan.as_ref().expect("node plan");
-        plan.spec
-            .shards
-            .iter()
-            .filter_map(|r| self.shards.get(&r.name).cloned())
-            .collect()
+    fn all_services(&self) -> Vec<ServiceProxyPlan> {
+        self.services.values().cloned().collect()
     }
 
     fn merged(&self) -> MergedPlan {
-        merge(self.plan.as_ref().expect("node plan"), &self.named_shards()).expect("plan merges")
+        merge(self.plan.as_ref().expect("node plan"), &self.all_services()).expect("plan merges")
     }
 
     fn write_file(&self, path: &Path) -> usize {
@@ -267,9 +261,9 @@ impl Objects {
             "---\n{}",
             serde_yaml::to_string(self.plan.as_ref().unwrap()).unwrap()
         );
-        for shard in self.named_shards() {
+        for service in self.services.values() {
             text.push_str("---\n");
-            text.push_str(&serde_yaml::to_string(&shard).unwrap());
+            text.push_str(&serde_yaml::to_string(service).unwrap());
         }
         std::fs::write(path, &text).expect("plan file");
         text.len()
@@ -485,7 +479,7 @@ fn run_size(services: usize) -> SizeResult {
     assert!(errors.is_empty(), "planner refused objects: {errors:?}");
     let mut objects = Objects {
         plan: None,
-        shards: BTreeMap::new(),
+        services: BTreeMap::new(),
     };
     objects.take(&mut planner);
     let merged = objects.merged();

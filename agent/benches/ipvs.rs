@@ -35,7 +35,9 @@ use proxyplan_agent::ipvs::kernel::NetlinkKernel;
 use proxyplan_agent::ipvs::render::IpvsSettings;
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{MergeCache, MergedPlan, NodeProxyPlan, ProxyPlanShard, merge_cached};
+use proxyplan_crds::{
+    MergeCache, MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge_cached, object_key,
+};
 
 const NODE: &str = "node-00000";
 
@@ -89,12 +91,13 @@ impl Drop for Netns {
     }
 }
 
-/// The node's plan and every shard, as the agent's watches hold them: shards in one
+/// The node's plan and every Service plan, as the agent's watches hold them: in one
 /// vector (merged without copies), each with a `resourceVersion` that moves when it
 /// changes, and the agent's merge cache.
 struct Objects {
     plan: Option<NodeProxyPlan>,
-    shards: Vec<ProxyPlanShard>,
+    services: Vec<ServiceProxyPlan>,
+    index: std::collections::HashMap<String, usize>,
     versions: u64,
     cache: MergeCache,
 }
@@ -111,45 +114,35 @@ impl Objects {
                     self.plan = Some(p);
                 }
                 DesiredObject::Plan(_) => {}
-                DesiredObject::Shard(mut s) => {
+                DesiredObject::Service(mut s) => {
                     self.versions += 1;
                     s.metadata.resource_version = Some(self.versions.to_string());
-                    match self
-                        .shards
-                        .iter_mut()
-                        .find(|o| o.metadata.name == s.metadata.name)
-                    {
-                        Some(old) => *old = s,
-                        None => self.shards.push(s),
+                    let key = object_key(&s);
+                    match self.index.get(&key) {
+                        Some(&i) => self.services[i] = s,
+                        None => {
+                            self.index.insert(key, self.services.len());
+                            self.services.push(s);
+                        }
                     }
                 }
             }
         }
-        for name in changes.delete {
-            let name = name.name();
-            self.shards
-                .retain(|s| s.metadata.name.as_deref() != Some(name.as_str()));
+        for id in changes.delete {
+            if let Some(i) = self.index.remove(&id.qualified_name()) {
+                self.services.swap_remove(i);
+                self.cache.forget(&id.qualified_name());
+                if let Some(moved) = self.services.get(i) {
+                    self.index.insert(object_key(moved), i);
+                }
+            }
         }
     }
 
-    fn named_shards(&self) -> Vec<ProxyPlanShard> {
-        let plan = self.plan.as_ref().expect("node plan");
-        plan.spec
-            .shards
-            .iter()
-            .filter_map(|r| {
-                self.shards
-                    .iter()
-                    .find(|s| s.metadata.name.as_deref() == Some(r.name.as_str()))
-                    .cloned()
-            })
-            .collect()
-    }
-
-    /// The merged plan, as the agent's `run` merges it (reusing unchanged shards).
+    /// The merged plan, as the agent's `run` merges it (reusing unchanged objects).
     fn merged(&mut self) -> MergedPlan {
         let plan = self.plan.as_ref().expect("node plan");
-        merge_cached(plan, &self.shards, &mut self.cache).expect("merges")
+        merge_cached(plan, &self.services, &mut self.cache).expect("merges")
     }
 
     fn write_file(&self) -> PathBuf {
@@ -157,9 +150,9 @@ impl Objects {
             "---\n{}",
             serde_yaml::to_string(self.plan.as_ref().unwrap()).unwrap()
         );
-        for shard in self.named_shards() {
+        for service in &self.services {
             text.push_str("---\n");
-            text.push_str(&serde_yaml::to_string(&shard).unwrap());
+            text.push_str(&serde_yaml::to_string(service).unwrap());
         }
         let path = std::env::temp_dir().join(format!("ipvs-bench-{}.yaml", std::process::id()));
         std::fs::write(&path, text).expect("plan file");
@@ -279,7 +272,7 @@ fn main() {
 }
 
 /// The agent's own work per endpoint change, natively, with the in-memory IPVS/ipset
-/// kernel and iptables fakes: the planner's change, the merge (unchanged shards reused),
+/// kernel and iptables fakes: the planner's change, the merge (unchanged Service plans reused),
 /// and the dataplane's sync down to the (fake) netlink calls.
 fn userspace(services: usize, changes: usize) {
     use proxyplan_agent::iptables::kernel::fake::FakeKernel;
@@ -324,7 +317,7 @@ fn userspace(services: usize, changes: usize) {
     println!("| what | value |");
     println!("|---|---|");
     println!(
-        "| first merge (every shard validated) | {} |",
+        "| first merge (every Service plan validated) | {} |",
         ms(first_merge)
     );
     println!(
@@ -374,7 +367,8 @@ fn synthetic(services: usize) -> (SyntheticCluster, Planner, Objects) {
     assert!(cluster.load_into(&mut planner).is_empty());
     let mut objects = Objects {
         plan: None,
-        shards: Vec::new(),
+        services: Vec::new(),
+        index: std::collections::HashMap::new(),
         versions: 0,
         cache: MergeCache::new(),
     };
@@ -489,7 +483,7 @@ fn bench(services: usize, changes: usize) {
         println!("| the slowest of them | {} ({phases}) |", ms(*took));
     }
     quantiles_row(
-        "before that: merge of the plan (one shard changed, the others reused; median / p99)",
+        "before that: merge of the plan (one Service plan changed, the others reused; median / p99)",
         &merges,
     );
     println!(

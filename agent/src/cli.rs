@@ -27,26 +27,26 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Watch this node's NodeProxyPlan and the shards it names, and keep the kernel
+    /// Watch this node's NodeProxyPlan and every ServiceProxyPlan, and keep the kernel
     /// programmed (the DaemonSet mode).
     ///
-    /// The agent watches only its own plan (by name) and the shards it may merge (by
-    /// label): the cluster shards and its zone's shards. A plan that fails validation is
-    /// refused whole: the last good plan stays programmed and the plan's status says
-    /// Degraded=True, reason InvalidPlan, naming the field. When the API server is
-    /// unreachable the agent keeps programming the last plan it has.
+    /// The agent watches only its own plan (by name) and the Service plans the
+    /// controller wrote (by label). A node plan that fails validation is refused whole:
+    /// the last good plan stays programmed and the plan's status says Degraded=True,
+    /// reason InvalidPlan, naming the field. A Service plan that fails is refused alone
+    /// (its last good version stays; Degraded=True, reason InvalidServicePlan). When the
+    /// API server is unreachable the agent keeps programming the last plan it has.
     ///
     /// Status writes: the agent writes the plan's status (server-side apply to /status,
     /// field manager proxyplan-agent) only when it changed. A change of a condition or of
-    /// the applied plan revision is written at once; a change of only the applied shard
-    /// revisions or the counts (every endpoint change of a Cluster-policy Service moves a
-    /// shard revision on every node) is written at most once per --status-min-interval,
-    /// so such a change costs O(1) API writes per interval, not one per node. The sync
-    /// duration alone is never a reason to write.
+    /// the applied plan revision is written at once; a change of only the counts (every
+    /// endpoint change moves them on every node) is written at most once per
+    /// --status-min-interval, so such a change costs O(1) API writes per interval, not
+    /// one per node. The sync duration alone is never a reason to write.
     Run(RunArgs),
     /// Apply a plan file once to the current network namespace, then exit.
     ///
-    /// The file holds a node's plan and the shards it names, as `proxyplan-controller
+    /// The file holds a node's plan and every Service's plan, as `proxyplan-controller
     /// plan --node NAME` prints them. Invalid input is refused, with the field named,
     /// before anything is touched.
     Apply(ApplyArgs),
@@ -142,9 +142,9 @@ struct RunArgs {
     /// removed by someone else. /healthz fails when a change waits twice this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     sync_period: Duration,
-    /// Minimum time between status writes that only change the applied shard revisions or
-    /// the service port and endpoint counts (conditions and the applied plan revision are
-    /// written at once). Keeps endpoint churn from costing one API write per node.
+    /// Minimum time between status writes that only change the service port and endpoint
+    /// counts (conditions and the applied plan revision are written at once). Keeps
+    /// endpoint churn from costing one API write per node.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     status_min_interval: Duration,
     /// Address of /healthz (kube-proxy's port).
@@ -164,7 +164,8 @@ struct RunArgs {
 
 #[derive(Debug, Args)]
 struct ApplyArgs {
-    /// A node's plan and its shards, as `proxyplan-controller plan --node` prints them.
+    /// A node's plan and every Service plan, as `proxyplan-controller plan --node` prints
+    /// them.
     #[arg(long, value_name = "FILE")]
     plan: PathBuf,
     /// Print what would be sent to the kernel tools instead of sending it.
@@ -184,7 +185,8 @@ struct CleanupArgs {
 
 #[derive(Debug, Args)]
 struct CheckArgs {
-    /// A node's plan and its shards, as `proxyplan-controller plan --node` prints them.
+    /// A node's plan and every Service plan, as `proxyplan-controller plan --node` prints
+    /// them.
     #[arg(long, value_name = "FILE")]
     plan: PathBuf,
     /// Also print the iptables rules the plan renders to, as iptables-restore input.
@@ -322,10 +324,9 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         dataplane: dataplane_args,
         render,
     } = args;
-    // The merge takes the parsed plan and shards (moving their entries) and drops the
+    // The merge takes the parsed plan and Service plans (moving their entries) and drops the
     // rest: only the merged plan is left when the dataplane starts.
-    let (node_plan, shards) = plan_file::read(&plan)?;
-    let merged = proxyplan_crds::merge_owned(node_plan, shards)
+    let merged = read_plan_file(&plan)
         .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
     // Shared, not copied: ipvs mode keeps the plan it synced to compare the next with.
     let merged = std::sync::Arc::new(merged);
@@ -370,8 +371,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let CheckArgs { plan, rules } = args;
-    let (node_plan, shards) = plan_file::read(&plan)?;
-    let merged = proxyplan_crds::merge_owned(node_plan, shards)?;
+    let merged = read_plan_file(&plan)?;
     print_merged(&merged);
     if rules {
         let rendered = proxyplan_agent::iptables::render(&merged, &RenderSettings::default());
@@ -383,6 +383,31 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reads and merges a plan file. Unlike `run`, which refuses a bad Service plan alone
+/// and goes on, a file is refused whole when any object in it is invalid: nothing is
+/// half-applied from a file. Overlay entries without their Service plan are reported.
+fn read_plan_file(path: &std::path::Path) -> anyhow::Result<proxyplan_crds::MergedPlan> {
+    let (node_plan, services) = plan_file::read(path)?;
+    let merged = proxyplan_crds::merge_owned(node_plan, services)?;
+    if let Some(first) = merged.refused.first() {
+        let more = merged.refused.len() - 1;
+        anyhow::bail!(
+            "{first}{}",
+            if more > 0 {
+                format!(" (and {more} more refused Service plan(s))")
+            } else {
+                String::new()
+            }
+        );
+    }
+    for key in &merged.unmatched {
+        eprintln!(
+            "note: the node plan's overlay names {key}, which no Service plan in the file has"
+        );
+    }
+    Ok(merged)
 }
 
 fn print_merged(merged: &proxyplan_crds::MergedPlan) {

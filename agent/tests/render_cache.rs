@@ -20,13 +20,13 @@ use proxyplan_agent::iptables::{
 };
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard, merge};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};
 
 const NODE: &str = "node-00000";
 
 struct Objects {
     plan: Option<NodeProxyPlan>,
-    shards: BTreeMap<String, ProxyPlanShard>,
+    services: BTreeMap<String, ServiceProxyPlan>,
 }
 
 impl Objects {
@@ -39,20 +39,19 @@ impl Objects {
                         self.plan = Some(p);
                     }
                 }
-                DesiredObject::Shard(s) => {
-                    self.shards
-                        .insert(s.metadata.name.clone().unwrap_or_default(), s);
+                DesiredObject::Service(s) => {
+                    self.services.insert(object_key(&s), s);
                 }
             }
         }
         for id in changes.delete {
-            self.shards.remove(&id.name());
+            self.services.remove(&id.qualified_name());
         }
     }
 
     fn merged(&self) -> MergedPlan {
-        let shards: Vec<ProxyPlanShard> = self.shards.values().cloned().collect();
-        merge(self.plan.as_ref().unwrap(), &shards).unwrap()
+        let services: Vec<ServiceProxyPlan> = self.services.values().cloned().collect();
+        merge(self.plan.as_ref().unwrap(), &services).unwrap()
     }
 }
 
@@ -147,7 +146,7 @@ fn cached_rendering_equals_render_through_changes() {
     assert!(cluster.load_into(&mut planner).is_empty());
     let mut objects = Objects {
         plan: None,
-        shards: BTreeMap::new(),
+        services: BTreeMap::new(),
     };
     objects.take(&mut planner);
     let settings = RenderSettings::default();

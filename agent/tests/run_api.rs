@@ -2,11 +2,11 @@
 //! asserts every request (the watches' exact URIs, each status patch's URI and body) and
 //! a fake dataplane that records what it is asked to program.
 //!
-//! The cluster in every scenario: node `node-a` in zone `eu-west-1a`; cluster shard
-//! `cluster-0` holds the ClusterIP Service `web`, `cluster-1` the LoadBalancer Service `lb`
-//! with `externalTrafficPolicy: Local` and a health-check node port; the zone shard is
-//! empty; the node's overlay gives `lb` its local endpoints. Objects of other nodes and
-//! zones exist too, and the agent must never ask for them.
+//! The cluster in every scenario: node `node-a` in zone `eu-west-1a`; Service plan
+//! `default/web` holds the ClusterIP Service `web`, `default/lb` the LoadBalancer Service
+//! `lb` with `externalTrafficPolicy: Local` and a health-check node port; the node's
+//! overlay gives `lb` its local endpoints. Another node's plan exists too, and the agent
+//! must never ask for it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,11 +18,10 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use proxyplan_agent::run::{Agent, ProxyMode, RunError, Settings};
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard};
+use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan};
 use run_support::{
-    Call, FakeDataplane, FakeHandle, MockApi, NODE, PLANS, SHARDS, TIMEOUT, ZONE, ZONE_SHARD,
-    free_port, http_get, local_override, mk_cluster_shard, mk_entry, mk_local_entry, mk_plan,
-    mk_zone_shard,
+    Call, FakeDataplane, FakeHandle, MockApi, NODE, PLANS, SERVICES, TIMEOUT, ZONE, free_port,
+    http_get, local_override, mk_entry, mk_local_entry, mk_plan, mk_service, with_zone,
 };
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -33,59 +32,41 @@ const LB_KEY: &str = "default/lb:http/TCP/IPv4";
 // ---------------------------------------------------------------------------------------
 // The cluster
 
-fn cluster_0(revision: &str, web_endpoints: &[&str]) -> ProxyPlanShard {
-    mk_cluster_shard(
-        "cluster-0",
+fn web(revision: &str, web_endpoints: &[&str]) -> ServiceProxyPlan {
+    mk_service(
+        "web",
         revision,
         vec![mk_entry("web", "10.96.0.10", web_endpoints)],
     )
 }
 
-fn cluster_1(health_check_node_port: u16) -> ProxyPlanShard {
-    mk_cluster_shard(
-        "cluster-1",
-        "c1-1",
+fn lb(health_check_node_port: u16) -> ServiceProxyPlan {
+    mk_service(
+        "lb",
+        "lb-1",
         vec![mk_local_entry("lb", "10.96.0.20", health_check_node_port)],
     )
 }
 
-fn zone_shard() -> ProxyPlanShard {
-    mk_zone_shard(ZONE_SHARD, ZONE, "z-1", Vec::new())
-}
-
-const ALL_SHARDS: [&str; 3] = ["cluster-0", "cluster-1", ZONE_SHARD];
-
-/// `node-a`'s plan: every shard, and `lb`'s local endpoints on this node.
+/// `node-a`'s plan: `lb`'s local endpoints on this node.
 fn plan(revision: &str, local: &[&str]) -> NodeProxyPlan {
-    mk_plan(
-        revision,
-        Some(ZONE),
-        &ALL_SHARDS,
-        vec![local_override(LB_KEY, local)],
-    )
+    mk_plan(revision, Some(ZONE), vec![local_override(LB_KEY, local)])
 }
 
-/// Puts the cluster: node-a's plan and shards, plus another node's plan and another
-/// zone's shard the agent must not watch.
+/// Puts the cluster: the Service plans and node-a's plan, plus another node's plan the
+/// agent must not watch.
 fn put_cluster(api: &MockApi, health_check_node_port: u16) {
-    api.put_shard(&cluster_0("c0-1", &["10.244.1.10", "10.244.2.10"]));
-    api.put_shard(&cluster_1(health_check_node_port));
-    api.put_shard(&zone_shard());
-    api.put_shard(&mk_zone_shard(
-        "zone-eu-west-1b-0",
-        "eu-west-1b",
-        "zb-1",
-        Vec::new(),
-    ));
+    api.put_service(&web("web-1", &["10.244.1.10", "10.244.2.10"]));
+    api.put_service(&lb(health_check_node_port));
     api.put_plan(&plan("p1", &["10.244.1.20"]));
-    let mut other = mk_plan("q1", Some("eu-west-1b"), &["cluster-0"], Vec::new());
+    let mut other = mk_plan("q1", Some("eu-west-1b"), Vec::new());
     other.metadata.name = Some("node-b".to_owned());
     other.spec.node_name = "node-b".to_owned();
     api.put_plan(&other);
 }
 
 /// Objects [`put_cluster`] writes: the resourceVersion every first list returns.
-const CLUSTER_RV: u64 = 6;
+const CLUSTER_RV: u64 = 4;
 
 // ---------------------------------------------------------------------------------------
 // The agent
@@ -230,11 +211,11 @@ async fn eventually_http(
 // ---------------------------------------------------------------------------------------
 // Scenarios
 
-/// The agent lists and watches its own plan by name, the cluster shards and its zone's
-/// shards by label, and nothing else; programs the merged plan; and writes a status that
-/// says so, by server-side apply to /status under its own field manager.
+/// The agent lists and watches its own plan by name and the controller's Service plans
+/// by label, and nothing else; programs the merged plan; and writes a status that says
+/// so, by server-side apply to /status under its own field manager.
 #[tokio::test]
-async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
+async fn watches_only_its_plan_and_the_service_plans_then_programs_and_reports_ready() {
     let hc_port = free_port();
     let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
 
@@ -242,16 +223,7 @@ async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
     assert!(ok);
     assert_eq!(merged.node_name, NODE);
     assert_eq!(merged.revision, "p1");
-    assert_eq!(
-        merged.shard_revisions,
-        [
-            ("cluster-0", "c0-1"),
-            ("cluster-1", "c1-1"),
-            (ZONE_SHARD, "z-1")
-        ]
-        .map(|(n, r)| (n.to_owned(), r.to_owned()))
-        .into()
-    );
+    assert!(merged.refused.is_empty() && merged.unmatched.is_empty());
     let keys: Vec<&str> = merged
         .service_ports
         .iter()
@@ -276,10 +248,7 @@ async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
     assert_condition(status, "Ready", "True", "Synced", 1);
     assert_condition(status, "Degraded", "False", "AsExpected", 1);
     assert_eq!(status["appliedRevision"], "p1");
-    assert_eq!(
-        status["appliedShards"],
-        json!({ "cluster-0": "c0-1", "cluster-1": "c1-1", ZONE_SHARD: "z-1" })
-    );
+    assert!(status.get("appliedShards").is_none(), "{status}");
     assert_eq!(status["servicePorts"], 2);
     // web: 2 cluster endpoints; lb: 2 cluster endpoints + 1 of them local.
     assert_eq!(status["endpoints"], 4);
@@ -287,22 +256,19 @@ async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
     assert_eq!(status["agentVersion"], env!("CARGO_PKG_VERSION"));
     assert!(status["syncDurationSeconds"].is_number());
 
-    agent.api.wait_for_watches(3).await;
+    agent.api.wait_for_watches(2).await;
     let mut reads = agent.api.reads();
     reads.sort();
     let rv = CLUSTER_RV;
+    let managed = "app.kubernetes.io%2Fmanaged-by%3Dproxyplan-controller";
     let mut expected = vec![
         format!("GET {PLANS}?&fieldSelector=metadata.name%3Dnode-a&limit=500"),
         format!(
             "GET {PLANS}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Dnode-a&allowWatchBookmarks=true&resourceVersion={rv}"
         ),
-        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fscope%3Dcluster&limit=500"),
+        format!("GET {SERVICES}?&labelSelector={managed}&limit=500"),
         format!(
-            "GET {SHARDS}?&watch=true&timeoutSeconds=290&labelSelector=proxyplan.dev%2Fscope%3Dcluster&allowWatchBookmarks=true&resourceVersion={rv}"
-        ),
-        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1a&limit=500"),
-        format!(
-            "GET {SHARDS}?&watch=true&timeoutSeconds=290&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1a&allowWatchBookmarks=true&resourceVersion={rv}"
+            "GET {SERVICES}?&watch=true&timeoutSeconds=290&labelSelector={managed}&allowWatchBookmarks=true&resourceVersion={rv}"
         ),
     ];
     expected.sort();
@@ -312,7 +278,7 @@ async fn watches_only_its_plan_and_shards_then_programs_and_reports_ready() {
     agent.stop().await;
 }
 
-/// Nothing changed, nothing written: not for a re-sent plan or shard, not for the
+/// Nothing changed, nothing written: not for a re-sent plan or Service plan, not for the
 /// periodic resyncs (whose canary check runs, and whose sync durations differ), even
 /// with a status interval short enough to let any real change through.
 #[tokio::test]
@@ -334,7 +300,7 @@ async fn no_status_patch_when_nothing_changed() {
     agent.api.put_plan(&plan("p1", &["10.244.1.20"]));
     agent
         .api
-        .put_shard(&cluster_0("c0-1", &["10.244.1.10", "10.244.2.10"]));
+        .put_service(&web("web-1", &["10.244.1.10", "10.244.2.10"]));
 
     // Periodic resyncs: canary check, then sync of the same plan; no status write.
     for _ in 0..3 {
@@ -364,11 +330,11 @@ async fn no_status_patch_when_nothing_changed() {
     agent.stop().await;
 }
 
-/// An endpoint change of a Cluster-policy Service moves a cluster shard's revision on
-/// every node: the kernel is updated at once, but the status write that only changes
-/// `appliedShards` and counts waits for the status interval, and a burst costs one.
+/// An endpoint change of a Cluster-policy Service rewrites its Service plan, which every
+/// node receives: the kernel is updated at once, but the status write that only changes
+/// counts waits for the status interval, and a burst costs one.
 #[tokio::test]
-async fn shard_change_syncs_at_once_and_writes_status_at_most_once_per_interval() {
+async fn service_change_syncs_at_once_and_writes_status_at_most_once_per_interval() {
     let hc_port = free_port();
     let mut agent = start(
         Settings {
@@ -380,20 +346,25 @@ async fn shard_change_syncs_at_once_and_writes_status_at_most_once_per_interval(
     .await;
     let first = agent.first_sync().await;
 
+    let web_of = |plan: &proxyplan_crds::MergedPlan| {
+        plan.service_ports
+            .iter()
+            .find(|e| e.name == "web")
+            .map(|e| e.cluster_endpoints.len())
+    };
     agent
         .api
-        .put_shard(&cluster_0("c0-2", &["10.244.1.10", "10.244.2.11"]));
+        .put_service(&web("web-2", &["10.244.1.10", "10.244.2.11"]));
     let (plan, ok) = agent.dataplane.next_sync().await;
     assert!(ok);
-    assert_eq!(plan.shard_revisions["cluster-0"], "c0-2");
-    agent.api.put_shard(&cluster_0("c0-3", &["10.244.1.10"]));
+    assert_eq!(web_of(&plan), Some(2));
+    agent.api.put_service(&web("web-3", &["10.244.1.10"]));
     let (plan, _) = agent.dataplane.next_sync().await;
-    assert_eq!(plan.shard_revisions["cluster-0"], "c0-3");
+    assert_eq!(web_of(&plan), Some(1));
     agent.api.expect_quiet().await;
 
     let body = agent.api.expect_status_patch(NODE).await;
     let status = &body["status"];
-    assert_eq!(status["appliedShards"]["cluster-0"], "c0-3");
     assert_eq!(status["endpoints"], 3);
     assert_eq!(status["appliedRevision"], "p1");
     assert_eq!(
@@ -484,69 +455,149 @@ async fn invalid_plan_is_refused_whole_and_the_last_good_plan_stays() {
     agent.stop().await;
 }
 
-/// A shard the plan names but the agent has not seen means wait, not fail: nothing is
-/// programmed, the status names the shard; once it arrives, the plan is programmed.
+/// An overlay for a Service plan the agent has not received is no reason to wait: the
+/// rest is programmed, the status says Ready=False WaitingForServicePlans naming the
+/// key; once the Service plan arrives, it is programmed and the status says Synced.
 #[tokio::test]
-async fn missing_shard_means_wait_and_is_reported() {
+async fn an_overlay_without_its_service_plan_is_reported_and_the_rest_programmed() {
     let hc_port = free_port();
     let mut agent = start(settings(), |api| {
-        api.put_shard(&cluster_0("c0-1", &["10.244.1.10"]));
-        api.put_shard(&zone_shard());
+        api.put_service(&web("web-1", &["10.244.1.10"]));
         api.put_plan(&plan("p1", &["10.244.1.20"]));
     })
     .await;
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert!(ok);
+    assert_eq!(merged.service_ports.len(), 1);
+    assert_eq!(merged.unmatched, [LB_KEY]);
     let body = agent.api.expect_status_patch(NODE).await;
     let status = &body["status"];
-    assert_condition(status, "Ready", "False", "WaitingForShards", 1);
+    assert_condition(status, "Ready", "False", "WaitingForServicePlans", 1);
     assert_condition(status, "Degraded", "False", "AsExpected", 1);
     let message = condition(status, "Ready")["message"].as_str().unwrap();
-    assert!(message.contains("cluster-1"), "{message}");
-    assert!(status.get("appliedRevision").is_none(), "{status}");
-    agent.dataplane.expect_no_sync().await;
+    assert!(message.contains(LB_KEY), "{message}");
+    assert_eq!(status["appliedRevision"], "p1");
 
-    agent.api.put_shard(&cluster_1(hc_port));
+    agent.api.put_service(&lb(hc_port));
     let (merged, ok) = agent.dataplane.next_sync().await;
-    assert_eq!((merged.revision.as_str(), ok), ("p1", true));
+    assert_eq!((merged.service_ports.len(), ok), (2, true));
     let body = agent.api.expect_status_patch(NODE).await;
     assert_condition(&body["status"], "Ready", "True", "Synced", 1);
-    assert_eq!(body["status"]["appliedRevision"], "p1");
     agent.stop().await;
 }
 
-/// When the plan's zone changes, the zone shard watch moves to the new zone's label.
+/// A Service plan the agent cannot read (a field value from a newer controller) is
+/// refused on its own: its last good version stays programmed, every other Service goes
+/// on, and the status names the object and field (Degraded=True InvalidServicePlan).
 #[tokio::test]
-async fn zone_change_moves_the_zone_shard_watch() {
+async fn an_undecodable_service_plan_is_refused_alone() {
     let hc_port = free_port();
     let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
     agent.first_sync().await;
-    agent.api.wait_for_watches(3).await;
+
+    let mut odd = serde_json::to_value(web("web-2", &["10.244.9.9"])).unwrap();
+    odd["spec"]["servicePorts"][0]["protocol"] = json!("QUIC");
+    agent.api.put_service_json(odd);
+    // Nothing to program (the last good version stays), but the status says why.
+    let body = agent.api.expect_status_patch(NODE).await;
+    let status = &body["status"];
+    assert_condition(status, "Ready", "True", "Synced", 1);
+    assert_condition(status, "Degraded", "True", "InvalidServicePlan", 1);
+    let message = condition(status, "Degraded")["message"].as_str().unwrap();
+    assert!(
+        message.contains("ServiceProxyPlan/default/web: spec.servicePorts[0].protocol"),
+        "{message}"
+    );
+
+    // The other Services still change.
+    agent.api.put_service(&mk_service(
+        "lb",
+        "lb-2",
+        vec![mk_local_entry("lb", "10.96.0.21", hc_port)],
+    ));
+    let (merged, _) = agent.dataplane.next_sync().await;
+    assert!(
+        merged
+            .service_ports
+            .iter()
+            .any(|e| e.cluster_ip == "10.96.0.21")
+    );
+    let web_entry = merged
+        .service_ports
+        .iter()
+        .find(|e| e.name == "web")
+        .unwrap();
+    assert_eq!(
+        web_entry.cluster_endpoints.len(),
+        2,
+        "the last good version"
+    );
+    agent.stop().await;
+}
+
+/// Zone lists: the node merges its zone's list into `clusterEndpoints`, and follows the
+/// plan when the node's zone changes, with the same two watches.
+#[tokio::test]
+async fn zone_lists_follow_the_plans_zone() {
+    let hc_port = free_port();
+    let zoned = || {
+        let entry = mk_entry("zoned", "10.96.0.30", &["10.244.1.30", "10.244.2.30"]);
+        let entry = with_zone(entry, ZONE, &["10.244.1.30"]);
+        mk_service(
+            "zoned",
+            "z-1",
+            vec![with_zone(entry, "eu-west-1b", &["10.244.2.30"])],
+        )
+    };
+    let mut agent = start(settings(), |api| {
+        put_cluster(api, hc_port);
+        api.put_service(&zoned());
+    })
+    .await;
+    let zoned_of = |plan: &proxyplan_crds::MergedPlan| {
+        let entry = plan
+            .service_ports
+            .iter()
+            .find(|e| e.name == "zoned")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{:?} {:?}",
+                    plan.service_ports
+                        .iter()
+                        .map(|e| &e.key)
+                        .collect::<Vec<_>>(),
+                    plan.unmatched
+                )
+            });
+        assert!(
+            entry.zone_endpoints.is_empty(),
+            "zone lists are merged away"
+        );
+        entry
+            .cluster_endpoints
+            .iter()
+            .map(|e| e.ip.clone())
+            .collect::<Vec<_>>()
+    };
+    let (merged, _) = agent.dataplane.next_sync().await;
+    assert!(merged.refused.is_empty(), "{:?}", merged.refused);
+    assert_eq!(zoned_of(&merged), ["10.244.1.30"]);
+    agent.api.expect_status_patch(NODE).await;
 
     let moved = mk_plan(
         "p2",
         Some("eu-west-1b"),
-        &["cluster-0", "cluster-1", "zone-eu-west-1b-0"],
         vec![local_override(LB_KEY, &["10.244.1.20"])],
     );
     agent.api.put_plan(&moved);
     let (merged, ok) = agent.dataplane.next_sync().await;
     assert_eq!((merged.revision.as_str(), ok), ("p2", true));
-    assert_eq!(merged.shard_revisions["zone-eu-west-1b-0"], "zb-1");
-    agent.api.expect_status_patch(NODE).await;
-
-    let reads = agent.api.reads();
-    let zone_b_list =
-        format!("GET {SHARDS}?&labelSelector=proxyplan.dev%2Fzone%3Deu-west-1b&limit=500");
-    assert!(reads.contains(&zone_b_list), "{reads:#?}");
-    agent.api.wait_for_watches(3).await;
-    assert_eq!(
-        agent.api.open_watches(),
-        [
-            "Plan Name(\"node-a\")",
-            "Shard Label(\"proxyplan.dev/scope\", \"cluster\")",
-            "Shard Label(\"proxyplan.dev/zone\", \"eu-west-1b\")",
-        ],
-        "the eu-west-1a watch is closed"
-    );
+    assert_eq!(zoned_of(&merged), ["10.244.2.30"]);
+    let unzoned = mk_plan("p3", Some("eu-west-1c"), Vec::new());
+    agent.api.put_plan(&unzoned);
+    let (merged, _) = agent.dataplane.next_sync().await;
+    assert_eq!(zoned_of(&merged), ["10.244.1.30", "10.244.2.30"]);
+    assert_eq!(agent.api.open_watches().len(), 2);
     agent.stop().await;
 }
 
@@ -623,8 +674,9 @@ async fn health_check_node_port_answers_with_the_local_endpoint_count() {
     assert_eq!(body["localEndpoints"], 0);
     assert_eq!(body["service"]["name"], "lb");
 
-    let without_lb = mk_plan("p3", Some(ZONE), &["cluster-0", ZONE_SHARD], Vec::new());
+    let without_lb = mk_plan("p3", Some(ZONE), Vec::new());
     agent.api.put_plan(&without_lb);
+    agent.api.delete_service("default/lb");
     tokio::time::timeout(TIMEOUT, async {
         while http_get(address, "/").await.is_ok() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -668,16 +720,16 @@ async fn metrics_use_kube_proxy_names() {
         "the initial list is not a change"
     );
 
-    let mut shard = cluster_0("c0-2", &["10.244.1.10"]);
+    let mut service = web("web-2", &["10.244.1.10"]);
     let written =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
-    shard.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+    service.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
         manager: Some("proxyplan-controller".to_owned()),
         operation: Some("Apply".to_owned()),
         time: Some(Time(written)),
         ..ManagedFieldsEntry::default()
     }]);
-    agent.api.put_shard(&shard);
+    agent.api.put_service(&service);
     agent.dataplane.next_sync().await;
     // The loop records the latency right after the dataplane returns: wait for it.
     let mut text = agent.metrics().await;

@@ -1,4 +1,5 @@
-//! Planner benchmark (DESIGN §7): full computation of every plan and shard, object sizes,
+//! Planner benchmark (DESIGN §7): full computation of every node plan and Service plan,
+//! object sizes,
 //! and the cost and write count of single EndpointSlice changes, on a synthetic cluster
 //! at two node counts. Prints one table.
 //!
@@ -7,8 +8,7 @@
 //! compared with the same Services on 50 nodes. Environment variables override it:
 //! `PLANNER_BENCH_SERVICES`, `PLANNER_BENCH_ENDPOINTS`, `PLANNER_BENCH_NODES`,
 //! `PLANNER_BENCH_SMALL_NODES`, `PLANNER_BENCH_ZONES`, `PLANNER_BENCH_LOCAL`,
-//! `PLANNER_BENCH_HINTED`, `PLANNER_BENCH_CHANGES`, `PLANNER_BENCH_SEED`, and
-//! `PLANNER_BENCH_CLUSTER_SHARDS` (the planner's `cluster_shards`, default 128). Without
+//! `PLANNER_BENCH_HINTED`, `PLANNER_BENCH_CHANGES` and `PLANNER_BENCH_SEED`. Without
 //! `--bench` (as `cargo test --benches` runs it) the defaults shrink to a smoke test.
 //!
 //! Each node count runs in a child process of this binary so that its peak memory
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard, merge};
+use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan, merge};
 use serde::{Deserialize, Serialize};
 
 const CHILD_VAR: &str = "PLANNER_BENCH_CHILD_NODES";
@@ -43,9 +43,9 @@ struct ScaleResult {
     take_all: Duration,
     peak_kib: u64,
     plans: usize,
-    shards: usize,
+    services: usize,
     largest: (String, usize),
-    largest_shard: (String, usize),
+    largest_service: (String, usize),
     largest_plan: (String, usize),
     merges: Vec<Duration>,
     changes: Vec<ChangeResult>,
@@ -106,7 +106,7 @@ fn proc_status_kib(field: &str) -> u64 {
 fn object_size(object: &DesiredObject) -> usize {
     match object {
         DesiredObject::Plan(p) => serde_json::to_vec(p).unwrap().len(),
-        DesiredObject::Shard(s) => serde_json::to_vec(s).unwrap().len(),
+        DesiredObject::Service(s) => serde_json::to_vec(s).unwrap().len(),
     }
 }
 
@@ -123,9 +123,7 @@ fn run_scale(spec: &SyntheticSpec, changes: usize) -> ScaleResult {
     let generate = start.elapsed();
     let input_rss_kib = proc_status_kib("VmRSS");
 
-    let mut config = SyntheticCluster::planner_config();
-    config.cluster_shards = env_or("PLANNER_BENCH_CLUSTER_SHARDS", config.cluster_shards);
-    let mut planner = Planner::new(config);
+    let mut planner = Planner::new(SyntheticCluster::planner_config());
     let start = Instant::now();
     let errors = cluster.load_into(&mut planner);
     let apply_all = start.elapsed();
@@ -137,22 +135,23 @@ fn run_scale(spec: &SyntheticSpec, changes: usize) -> ScaleResult {
     assert!(all.delete.is_empty(), "deletes on a fresh planner");
 
     let mut revisions: HashMap<String, String> = HashMap::new();
-    let (mut largest, mut largest_shard, mut largest_plan) = Default::default();
-    let (mut plans, mut shards) = (0, 0);
+    let (mut largest, mut largest_service, mut largest_plan) = Default::default();
+    let (mut plans, mut services) = (0, 0);
     for object in &all.apply {
         let size = object_size(object);
-        bigger(&mut largest, object.name(), size);
+        let name = object.qualified_name();
+        bigger(&mut largest, &name, size);
         match object {
             DesiredObject::Plan(_) => {
                 plans += 1;
-                bigger(&mut largest_plan, object.name(), size);
+                bigger(&mut largest_plan, &name, size);
             }
-            DesiredObject::Shard(_) => {
-                shards += 1;
-                bigger(&mut largest_shard, object.name(), size);
+            DesiredObject::Service(_) => {
+                services += 1;
+                bigger(&mut largest_service, &name, size);
             }
         }
-        revisions.insert(object.name().to_owned(), object.revision().to_owned());
+        revisions.insert(name, object.revision().to_owned());
     }
     let merges = measure_merges(&all.apply);
     drop(all);
@@ -178,9 +177,9 @@ fn run_scale(spec: &SyntheticSpec, changes: usize) -> ScaleResult {
         take_all,
         peak_kib,
         plans,
-        shards,
+        services,
         largest,
-        largest_shard,
+        largest_service,
         largest_plan,
         merges,
         changes,
@@ -188,14 +187,14 @@ fn run_scale(spec: &SyntheticSpec, changes: usize) -> ScaleResult {
 }
 
 /// Agent side: `proxyplan_crds::merge` of up to 20 node plans (spread over all) with
-/// every shard.
+/// every Service plan.
 fn measure_merges(objects: &[DesiredObject]) -> Vec<Duration> {
     let mut plans: Vec<&NodeProxyPlan> = Vec::new();
-    let mut shards: Vec<ProxyPlanShard> = Vec::new();
+    let mut shards: Vec<ServiceProxyPlan> = Vec::new();
     for object in objects {
         match object {
             DesiredObject::Plan(p) => plans.push(p),
-            DesiredObject::Shard(s) => shards.push(s.clone()),
+            DesiredObject::Service(s) => shards.push(s.clone()),
         }
     }
     let step = plans.len().div_ceil(20).max(1);
@@ -242,7 +241,7 @@ fn measure_changes(
         result.times.push(start.elapsed());
         let mut changed = changes.delete.len();
         for object in &changes.apply {
-            let previous = revisions.insert(object.name().to_owned(), object.revision().to_owned());
+            let previous = revisions.insert(object.qualified_name(), object.revision().to_owned());
             if previous.as_deref() != Some(object.revision()) {
                 changed += 1;
             }
@@ -344,10 +343,10 @@ fn print_table(spec: &SyntheticSpec, changes: usize, results: &[ScaleResult]) {
             "",
         ),
         (
-            "objects: node plans + shards".into(),
+            "objects: node plans + Service plans".into(),
             results
                 .iter()
-                .map(|r| format!("{} + {}", r.plans, r.shards))
+                .map(|r| format!("{} + {}", r.plans, r.services))
                 .collect(),
             "",
         ),
@@ -357,8 +356,8 @@ fn print_table(spec: &SyntheticSpec, changes: usize, results: &[ScaleResult]) {
             "< 1 MiB",
         ),
         (
-            "  largest shard".into(),
-            results.iter().map(|r| size(&r.largest_shard)).collect(),
+            "  largest Service plan".into(),
+            results.iter().map(|r| size(&r.largest_service)).collect(),
             "no growth",
         ),
         (
@@ -368,7 +367,7 @@ fn print_table(spec: &SyntheticSpec, changes: usize, results: &[ScaleResult]) {
         ),
     ];
     rows.push((
-        "agent: merge one node plan + shards (median)".into(),
+        "agent: merge one node plan + every Service plan (median)".into(),
         results
             .iter()
             .map(|r| quantile(&r.merges, 0.5).map_or_else(|| "-".to_owned(), ms))
@@ -389,8 +388,8 @@ fn print_table(spec: &SyntheticSpec, changes: usize, results: &[ScaleResult]) {
                 .collect(),
             match KINDS[i].0 {
                 ServiceKind::Cluster => "1, any node count",
-                ServiceKind::Local => "<= 2 plans + 1 shard",
-                ServiceKind::ZoneHinted => "<= 2 zones + 1 shard",
+                ServiceKind::Local => "<= 2 plans + 1 Service plan",
+                ServiceKind::ZoneHinted => "1 Service plan",
             },
         ));
         rows.push((

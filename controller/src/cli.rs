@@ -48,13 +48,6 @@ struct PolicyArgs {
     /// node's pod CIDRs.
     #[arg(long, value_enum, default_value = "ClusterCIDR")]
     detect_local_mode: DetectLocalMode,
-    /// Number of cluster shards service ports are spread over (changing it rewrites every
-    /// shard and plan).
-    #[arg(long, default_value_t = proxyplan_controller::config::DEFAULT_CLUSTER_SHARDS)]
-    cluster_shards: u32,
-    /// Number of shards per zone for topology-hinted endpoint lists.
-    #[arg(long, default_value_t = proxyplan_controller::config::DEFAULT_ZONE_SHARDS)]
-    zone_shards: u32,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -71,20 +64,12 @@ impl PolicyArgs {
             cluster_cidrs,
             masquerade_all,
             detect_local_mode,
-            cluster_shards,
-            zone_shards,
         } = self;
         let mode = match detect_local_mode {
             DetectLocalMode::ClusterCidr => LocalTrafficMode::ClusterCIDR,
             DetectLocalMode::NodeCidr => LocalTrafficMode::NodeCIDR,
         };
-        Ok(PlannerConfig::new(
-            cluster_cidrs,
-            *masquerade_all,
-            mode,
-            *cluster_shards,
-            *zone_shards,
-        )?)
+        Ok(PlannerConfig::new(cluster_cidrs, *masquerade_all, mode)?)
     }
 }
 
@@ -94,7 +79,7 @@ struct PlanArgs {
     /// `kubectl get -o yaml|json` prints them); `-` reads standard input.
     #[arg(long = "state", value_name = "FILE", required = true, num_args = 1..)]
     state: Vec<PathBuf>,
-    /// Print only what this node's agent receives: its plan and the shards it merges.
+    /// Print only what this node's agent receives: its plan and every Service's plan.
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
     /// Output format.
@@ -203,7 +188,7 @@ fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let objects: Vec<DesiredObject> = match node {
         Some(name) => {
-            let (plan, shards) = planner.node_view(name).with_context(|| {
+            let (plan, services) = planner.node_view(name).with_context(|| {
                 let known: Vec<_> = state
                     .nodes
                     .iter()
@@ -215,7 +200,7 @@ fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 )
             })?;
             std::iter::once(DesiredObject::Plan(plan))
-                .chain(shards.into_iter().map(DesiredObject::Shard))
+                .chain(services.into_iter().map(DesiredObject::Service))
                 .collect()
         }
         None => planner.take_changes().apply,

@@ -4,13 +4,6 @@ use proxyplan_crds::{IpFamily, LocalTrafficMode};
 
 use crate::model::parse_cidr;
 
-/// Default number of cluster shards: at 10,000 Services x 10 endpoints each shard is
-/// about 80 KiB, which bounds both the 1 MiB object limit and the bytes every agent
-/// receives when one endpoint changes.
-pub const DEFAULT_CLUSTER_SHARDS: u32 = 128;
-/// Default number of shards per zone.
-pub const DEFAULT_ZONE_SHARDS: u32 = 4;
-
 /// Cluster-wide policy the planner applies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannerConfig {
@@ -20,10 +13,6 @@ pub struct PlannerConfig {
     pub masquerade_all: bool,
     /// How nodes tell in-cluster from off-cluster traffic.
     pub detect_local_mode: LocalTrafficMode,
-    /// Number of cluster shards.
-    pub cluster_shards: u32,
-    /// Number of shards per zone.
-    pub zone_shards: u32,
 }
 
 /// A configuration value that cannot be used.
@@ -35,14 +24,6 @@ pub enum ConfigError {
     /// Two cluster CIDRs of one family.
     #[error("--cluster-cidr: at most one CIDR per IP family, got {0:?}")]
     TooManyCidrs(Vec<String>),
-    /// A shard count of zero or too many.
-    #[error("{flag}: must be between 1 and 1024, got {value}")]
-    ShardCount {
-        /// The flag.
-        flag: &'static str,
-        /// The value given.
-        value: u32,
-    },
 }
 
 impl Default for PlannerConfig {
@@ -51,8 +32,6 @@ impl Default for PlannerConfig {
             cluster_cidrs: Vec::new(),
             masquerade_all: false,
             detect_local_mode: LocalTrafficMode::ClusterCIDR,
-            cluster_shards: DEFAULT_CLUSTER_SHARDS,
-            zone_shards: DEFAULT_ZONE_SHARDS,
         }
     }
 }
@@ -61,13 +40,11 @@ impl PlannerConfig {
     /// Builds a validated configuration.
     ///
     /// # Errors
-    /// When a CIDR is malformed, two share a family, or a shard count is out of range.
+    /// When a CIDR is malformed or two share a family.
     pub fn new(
         cluster_cidrs: &[String],
         masquerade_all: bool,
         detect_local_mode: LocalTrafficMode,
-        cluster_shards: u32,
-        zone_shards: u32,
     ) -> Result<Self, ConfigError> {
         let mut cidrs = Vec::new();
         let mut families = Vec::new();
@@ -79,20 +56,10 @@ impl PlannerConfig {
             families.push(ip.is_ipv4());
             cidrs.push(format!("{ip}/{len}"));
         }
-        for (flag, value) in [
-            ("--cluster-shards", cluster_shards),
-            ("--zone-shards", zone_shards),
-        ] {
-            if !(1..=1024).contains(&value) {
-                return Err(ConfigError::ShardCount { flag, value });
-            }
-        }
         Ok(Self {
             cluster_cidrs: cidrs,
             masquerade_all,
             detect_local_mode,
-            cluster_shards,
-            zone_shards,
         })
     }
 

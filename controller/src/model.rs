@@ -86,6 +86,9 @@ impl ObjectError {
 pub struct ServiceModel {
     /// Namespace and name.
     pub key: ServiceKey,
+    /// UID, for the owner reference of the Service's plan (absent in hand-written state
+    /// files).
+    pub uid: Option<String>,
     /// Ports, in spec order.
     pub ports: Vec<PortModel>,
     /// Cluster IPs, at most one per family.
@@ -207,6 +210,56 @@ impl Fields<'_> {
             .map_err(|_| self.invalid(field, format!("{text:?} is not an IP address")))
     }
 
+    /// A name as Kubernetes spells namespaces, Service and port names: 1 to 63 lowercase
+    /// letters, digits and `-`, starting and ending with a letter or digit.
+    fn dns_label(&self, field: impl Into<String>, text: &str) -> Result<(), ObjectError> {
+        let bytes = text.as_bytes();
+        let ok = !bytes.is_empty()
+            && bytes.len() <= 63
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
+        if ok {
+            Ok(())
+        } else {
+            Err(self.invalid(
+                field,
+                format!("{text:?} is not a DNS label (1-63 of a-z, 0-9 and -)"),
+            ))
+        }
+    }
+
+    /// An address traffic may be captured at or sent to: not unspecified, loopback,
+    /// link-local or multicast (the agent refuses those too).
+    fn usable_ip(&self, field: impl Into<String>, text: &str) -> Result<IpAddr, ObjectError> {
+        let field = field.into();
+        let ip = self.ip(field.clone(), text)?;
+        let special = match ip {
+            IpAddr::V4(v4) => {
+                v4.is_unspecified()
+                    || v4.is_loopback()
+                    || v4.is_link_local()
+                    || v4.is_multicast()
+                    || v4.is_broadcast()
+            }
+            IpAddr::V6(v6) => {
+                v6.is_unspecified()
+                    || v6.is_loopback()
+                    || v6.is_unicast_link_local()
+                    || v6.is_multicast()
+            }
+        };
+        if special {
+            return Err(self.invalid(
+                field,
+                format!("{ip} is an unspecified, loopback, link-local or multicast address"),
+            ));
+        }
+        Ok(ip)
+    }
+
     fn port(&self, field: impl Into<String>, value: i32) -> Result<u16, ObjectError> {
         match u16::try_from(value) {
             Ok(port) if port > 0 => Ok(port),
@@ -281,9 +334,8 @@ impl ServiceModel {
             kind: "Service",
             object: &object,
         };
-        if key.name.is_empty() {
-            return Err(f.invalid("metadata.name", "missing"));
-        }
+        f.dns_label("metadata.name", &key.name)?;
+        f.dns_label("metadata.namespace", &key.namespace)?;
         if has_label(&svc.metadata, SERVICE_PROXY_NAME_LABEL) {
             return Err(f.ignored(format!(
                 "labelled {SERVICE_PROXY_NAME_LABEL} (another proxy's)"
@@ -311,8 +363,12 @@ impl ServiceModel {
             .flatten()
             .enumerate()
             .map(|(i, p)| {
+                let name = p.name.clone().unwrap_or_default();
+                if !name.is_empty() {
+                    f.dns_label(format!("spec.ports[{i}].name"), &name)?;
+                }
                 Ok(PortModel {
-                    name: p.name.clone().unwrap_or_default(),
+                    name,
                     protocol: f
                         .protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
                     port: f.port(format!("spec.ports[{i}].port"), p.port)?,
@@ -333,7 +389,7 @@ impl ServiceModel {
             .iter()
             .flatten()
             .enumerate()
-            .map(|(i, ip)| f.ip(format!("spec.externalIPs[{i}]"), ip))
+            .map(|(i, ip)| f.usable_ip(format!("spec.externalIPs[{i}]"), ip))
             .collect::<Result<Vec<_>, _>>()?;
         let is_lb = svc_type == "LoadBalancer";
         let mut load_balancer_ips = Vec::new();
@@ -364,6 +420,7 @@ impl ServiceModel {
         };
         Ok(Self {
             key,
+            uid: svc.metadata.uid.clone(),
             ports,
             cluster_ips,
             external_ips,
@@ -398,7 +455,7 @@ fn cluster_ips(
         } else {
             field.to_owned()
         };
-        let ip = f.ip(path.clone(), text)?;
+        let ip = f.usable_ip(path.clone(), text)?;
         if ips.iter().any(|other| other.is_ipv4() == ip.is_ipv4()) {
             return Err(f.invalid(path, "two cluster IPs of one family"));
         }
@@ -421,7 +478,7 @@ fn load_balancer_ips_of(
         let Some(ip) = ing.ip.as_deref().filter(|ip| !ip.is_empty()) else {
             continue; // hostname-only ingress: nothing for the node to capture
         };
-        let ip = f.ip(format!("status.loadBalancer.ingress[{i}].ip"), ip)?;
+        let ip = f.usable_ip(format!("status.loadBalancer.ingress[{i}].ip"), ip)?;
         let mode = match ing.ip_mode.as_deref() {
             None | Some("VIP") => LoadBalancerIpMode::VIP,
             Some("Proxy") => LoadBalancerIpMode::Proxy,
@@ -517,7 +574,7 @@ impl SliceModel {
             let Some(first) = ep.addresses.first() else {
                 continue;
             };
-            let ip = f.ip(format!("endpoints[{i}].addresses[0]"), first)?;
+            let ip = f.usable_ip(format!("endpoints[{i}].addresses[0]"), first)?;
             if family_of(ip) != family {
                 return Err(f.invalid(
                     format!("endpoints[{i}].addresses[0]"),

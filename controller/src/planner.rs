@@ -12,23 +12,22 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use proxyplan_crds::{
     LocalTrafficDetection, LocalTrafficMode, MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan,
-    NodeProxyPlanSpec, ProxyPlanShard, ProxyPlanShardSpec, SCOPE_LABEL, ShardRef, ShardScope,
-    ZONE_LABEL, revision_of, stable_hash,
+    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec, revision_of,
 };
 
 use crate::config::PlannerConfig;
 use crate::model::{NodeModel, ObjectError, ServiceKey, ServiceModel, SliceModel};
 use crate::select::{ServiceOutput, plan_service};
+use crate::split::split_entries;
 
 /// Identity of one object the planner produces.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectId {
     /// The `NodeProxyPlan` of a node.
     Plan(String),
-    /// Cluster shard number `n`.
-    ClusterShard(u32),
-    /// Shard number `n` of a zone.
-    ZoneShard(String, u32),
+    /// Part `n` of a Service's `ServiceProxyPlan`s (part 0 is named after the Service,
+    /// part `n` after it with `.n`).
+    Service(ServiceKey, u32),
 }
 
 impl ObjectId {
@@ -37,15 +36,45 @@ impl ObjectId {
     pub fn name(&self) -> String {
         match self {
             Self::Plan(node) => node.clone(),
-            Self::ClusterShard(n) => format!("cluster-{n}"),
-            Self::ZoneShard(zone, n) => format!("zone-{}-{n}", proxyplan_crds::zone_slug(zone)),
+            Self::Service(key, 0) => key.name.clone(),
+            Self::Service(key, part) => format!("{}.{part}", key.name),
         }
     }
 
-    /// Whether this is a shard (as opposed to a node plan).
+    /// The object's namespace (`None` for cluster-scoped node plans).
     #[must_use]
-    pub fn is_shard(&self) -> bool {
-        !matches!(self, Self::Plan(_))
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Self::Plan(_) => None,
+            Self::Service(key, _) => Some(&key.namespace),
+        }
+    }
+
+    /// `namespace/name` of a Service plan, the name of a node plan: how the writer and
+    /// logs name it.
+    #[must_use]
+    pub fn qualified_name(&self) -> String {
+        match self.namespace() {
+            Some(namespace) => format!("{namespace}/{}", self.name()),
+            None => self.name(),
+        }
+    }
+
+    /// The identity a Service plan named `namespace/name` would have.
+    #[must_use]
+    pub fn service_part(qualified: &str) -> Option<Self> {
+        let (namespace, name) = qualified.split_once('/')?;
+        let (service, part) = match name.split_once('.') {
+            Some((service, part)) => (service, part.parse().ok().filter(|p| *p > 0)?),
+            None => (name, 0),
+        };
+        Some(Self::Service(
+            ServiceKey {
+                namespace: namespace.to_owned(),
+                name: service.to_owned(),
+            },
+            part,
+        ))
     }
 }
 
@@ -58,8 +87,8 @@ impl ObjectId {
 pub enum DesiredObject {
     /// A node plan.
     Plan(NodeProxyPlan),
-    /// A shard.
-    Shard(ProxyPlanShard),
+    /// A Service's plan (or one part of it).
+    Service(ServiceProxyPlan),
 }
 
 impl DesiredObject {
@@ -68,7 +97,16 @@ impl DesiredObject {
     pub fn name(&self) -> &str {
         match self {
             Self::Plan(p) => p.metadata.name.as_deref().unwrap_or_default(),
-            Self::Shard(s) => s.metadata.name.as_deref().unwrap_or_default(),
+            Self::Service(s) => s.metadata.name.as_deref().unwrap_or_default(),
+        }
+    }
+
+    /// `namespace/name` of a Service plan, the name of a node plan.
+    #[must_use]
+    pub fn qualified_name(&self) -> String {
+        match self {
+            Self::Plan(p) => p.metadata.name.clone().unwrap_or_default(),
+            Self::Service(s) => proxyplan_crds::object_key(s),
         }
     }
 
@@ -77,7 +115,7 @@ impl DesiredObject {
     pub fn revision(&self) -> &str {
         match self {
             Self::Plan(p) => &p.spec.revision,
-            Self::Shard(s) => &s.spec.revision,
+            Self::Service(s) => &s.spec.revision,
         }
     }
 }
@@ -86,7 +124,7 @@ impl serde::Serialize for DesiredObject {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Self::Plan(p) => p.serialize(serializer),
-            Self::Shard(s) => s.serialize(serializer),
+            Self::Service(s) => s.serialize(serializer),
         }
     }
 }
@@ -99,6 +137,9 @@ pub struct Changes {
     pub apply: Vec<DesiredObject>,
     /// Objects that must no longer exist.
     pub delete: Vec<ObjectId>,
+    /// For each Service whose plan was rebuilt: what had to be left out of it (empty
+    /// when nothing), for Warning Events.
+    pub warnings: Vec<(ServiceKey, Vec<String>)>,
 }
 
 impl Changes {
@@ -117,31 +158,27 @@ pub struct Planner {
     slices: HashMap<ServiceKey, BTreeMap<String, SliceModel>>,
     slice_owner: HashMap<ServiceKey, ServiceKey>,
     nodes: BTreeMap<String, NodeModel>,
-    zone_nodes: BTreeMap<String, usize>,
     outputs: HashMap<ServiceKey, ServiceOutput>,
-    cluster_members: Vec<BTreeSet<ServiceKey>>,
-    zone_members: HashMap<String, BTreeSet<ServiceKey>>,
+    /// How many `ServiceProxyPlan`s each Service has (usually one).
+    parts: HashMap<ServiceKey, u32>,
     node_members: HashMap<String, BTreeSet<ServiceKey>>,
     dirty: BTreeSet<ObjectId>,
 }
 
 impl Planner {
-    /// An empty planner. Every cluster shard starts dirty: they exist even when empty.
+    /// An empty planner.
     #[must_use]
     pub fn new(config: PlannerConfig) -> Self {
-        let shards = config.cluster_shards;
         Self {
-            cluster_members: vec![BTreeSet::new(); shards as usize],
-            dirty: (0..shards).map(ObjectId::ClusterShard).collect(),
             config,
             services: HashMap::new(),
             slices: HashMap::new(),
             slice_owner: HashMap::new(),
             nodes: BTreeMap::new(),
-            zone_nodes: BTreeMap::new(),
             outputs: HashMap::new(),
-            zone_members: HashMap::new(),
+            parts: HashMap::new(),
             node_members: HashMap::new(),
+            dirty: BTreeSet::new(),
         }
     }
 
@@ -191,6 +228,58 @@ impl Planner {
     /// Removes a Service.
     pub fn delete_service(&mut self, svc: &Service) {
         self.remove_service(&service_key(&svc.metadata));
+    }
+
+    /// Removes the Service `key`.
+    pub fn delete_service_named(&mut self, key: &ServiceKey) {
+        self.remove_service(key);
+    }
+
+    /// Removes every Service not in `keep` (after a watch re-list).
+    pub fn retain_services(&mut self, keep: &[ServiceKey]) {
+        let keep: BTreeSet<&ServiceKey> = keep.iter().collect();
+        let gone: Vec<ServiceKey> = self
+            .services
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.remove_service(&key);
+        }
+    }
+
+    /// Removes the EndpointSlice whose own namespace and name are `own`.
+    pub fn delete_slice_named(&mut self, own: &ServiceKey) {
+        self.remove_slice(own);
+    }
+
+    /// Removes every EndpointSlice not in `keep` (their own namespaces and names).
+    pub fn retain_slices(&mut self, keep: &[ServiceKey]) {
+        let keep: BTreeSet<&ServiceKey> = keep.iter().collect();
+        let gone: Vec<ServiceKey> = self
+            .slice_owner
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .cloned()
+            .collect();
+        for own in gone {
+            self.remove_slice(&own);
+        }
+    }
+
+    /// Removes every Node not in `keep`.
+    pub fn retain_nodes(&mut self, keep: &[String]) {
+        let keep: BTreeSet<&String> = keep.iter().collect();
+        let gone: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.delete_node(&name);
+        }
     }
 
     fn remove_service(&mut self, key: &ServiceKey) {
@@ -259,11 +348,6 @@ impl Planner {
             return Ok(());
         }
         let name = model.name.clone();
-        let old_zone = self.nodes.get(&name).map(|n| n.zone.clone());
-        if let Some(old_zone) = old_zone {
-            self.leave_zone(old_zone.as_deref());
-        }
-        self.join_zone(model.zone.as_deref());
         self.nodes.insert(name.clone(), model);
         self.dirty.insert(ObjectId::Plan(name));
         Ok(())
@@ -271,37 +355,8 @@ impl Planner {
 
     /// Removes a Node (its plan is deleted).
     pub fn delete_node(&mut self, name: &str) {
-        if let Some(model) = self.nodes.remove(name) {
-            self.leave_zone(model.zone.as_deref());
+        if self.nodes.remove(name).is_some() {
             self.dirty.insert(ObjectId::Plan(name.to_owned()));
-        }
-    }
-
-    fn join_zone(&mut self, zone: Option<&str>) {
-        if let Some(zone) = zone {
-            let count = self.zone_nodes.entry(zone.to_owned()).or_default();
-            *count += 1;
-            if *count == 1 {
-                self.mark_zone_shards(zone);
-            }
-        }
-    }
-
-    fn leave_zone(&mut self, zone: Option<&str>) {
-        if let Some(zone) = zone
-            && let Some(count) = self.zone_nodes.get_mut(zone)
-        {
-            *count -= 1;
-            if *count == 0 {
-                self.zone_nodes.remove(zone);
-                self.mark_zone_shards(zone);
-            }
-        }
-    }
-
-    fn mark_zone_shards(&mut self, zone: &str) {
-        for n in 0..self.config.zone_shards {
-            self.dirty.insert(ObjectId::ZoneShard(zone.to_owned(), n));
         }
     }
 
@@ -357,10 +412,6 @@ impl Planner {
             .collect()
     }
 
-    fn cluster_shard_of(&self, key: &ServiceKey) -> u32 {
-        shard_of(key, self.config.cluster_shards)
-    }
-
     /// Recomputes one Service's contribution and marks what it changed.
     fn recompute(&mut self, key: &ServiceKey) {
         let new = match self.services.get(key) {
@@ -381,25 +432,8 @@ impl Planner {
             }
             return;
         }
-        let cluster = self.cluster_shard_of(key);
-        if old.entries != new.entries {
-            self.dirty.insert(ObjectId::ClusterShard(cluster));
-        }
-        let members = &mut self.cluster_members[cluster as usize];
-        if new.entries.is_empty() {
-            members.remove(key);
-        } else {
-            members.insert(key.clone());
-        }
-        let zone_shard = shard_of(key, self.config.zone_shards);
-        for zone in changed_keys(&old.zone_overrides, &new.zone_overrides) {
-            update_membership(
-                &mut self.zone_members,
-                &zone,
-                key,
-                new.zone_overrides.contains_key(&zone),
-            );
-            self.dirty.insert(ObjectId::ZoneShard(zone, zone_shard));
+        if old.entries != new.entries || old.owner != new.owner {
+            self.dirty.insert(ObjectId::Service(key.clone(), 0));
         }
         for node in changed_keys(&old.node_overrides, &new.node_overrides) {
             update_membership(
@@ -419,10 +453,7 @@ impl Planner {
     fn exists(&self, id: &ObjectId) -> bool {
         match id {
             ObjectId::Plan(node) => self.nodes.contains_key(node),
-            ObjectId::ClusterShard(n) => *n < self.config.cluster_shards,
-            ObjectId::ZoneShard(zone, n) => {
-                *n < self.config.zone_shards && self.zone_nodes.contains_key(zone)
-            }
+            ObjectId::Service(key, part) => self.parts.get(key).is_some_and(|n| part < n),
         }
     }
 
@@ -432,9 +463,32 @@ impl Planner {
         let dirty = std::mem::take(&mut self.dirty);
         let mut changes = Changes::default();
         for id in dirty {
-            match self.build(&id) {
-                Some(object) if self.exists(&id) => changes.apply.push(object),
-                _ => changes.delete.push(id),
+            match id {
+                ObjectId::Plan(node) => match self.nodes.get(&node) {
+                    Some(model) => changes
+                        .apply
+                        .push(DesiredObject::Plan(self.build_plan(model))),
+                    None => changes.delete.push(ObjectId::Plan(node)),
+                },
+                ObjectId::Service(key, _) => {
+                    let parts = self.build_service(&key);
+                    changes
+                        .warnings
+                        .push((key.clone(), self.warnings(&key).to_vec()));
+                    let had = self.parts.get(&key).copied().unwrap_or(0);
+                    let now = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+                    changes
+                        .delete
+                        .extend((now..had).map(|part| ObjectId::Service(key.clone(), part)));
+                    if now == 0 {
+                        self.parts.remove(&key);
+                    } else {
+                        self.parts.insert(key, now);
+                    }
+                    changes
+                        .apply
+                        .extend(parts.into_iter().map(DesiredObject::Service));
+                }
             }
         }
         changes
@@ -443,29 +497,30 @@ impl Planner {
     /// Every object that should exist, built from scratch (for a full reconcile).
     #[must_use]
     pub fn all_objects(&self) -> Vec<DesiredObject> {
-        self.all_ids()
-            .iter()
-            .filter_map(|id| self.build(id))
-            .collect()
-    }
-
-    /// Identities of every object that should exist.
-    #[must_use]
-    pub fn all_ids(&self) -> Vec<ObjectId> {
-        let mut ids = self.shard_ids();
-        ids.extend(self.nodes.keys().map(|n| ObjectId::Plan(n.clone())));
-        ids
-    }
-
-    /// Identities of every shard that should exist.
-    #[must_use]
-    pub fn shard_ids(&self) -> Vec<ObjectId> {
-        let mut ids: Vec<ObjectId> = (0..self.config.cluster_shards)
-            .map(ObjectId::ClusterShard)
+        let mut keys: Vec<&ServiceKey> = self.outputs.keys().collect();
+        keys.sort();
+        let mut all: Vec<DesiredObject> = keys
+            .into_iter()
+            .flat_map(|key| self.build_service(key))
+            .map(DesiredObject::Service)
             .collect();
-        for zone in self.zone_nodes.keys() {
-            ids.extend((0..self.config.zone_shards).map(|n| ObjectId::ZoneShard(zone.clone(), n)));
-        }
+        all.extend(
+            self.nodes
+                .values()
+                .map(|n| DesiredObject::Plan(self.build_plan(n))),
+        );
+        all
+    }
+
+    /// Identities of every Service plan that should exist (after the changes taken).
+    #[must_use]
+    pub fn service_ids(&self) -> Vec<ObjectId> {
+        let mut ids: Vec<ObjectId> = self
+            .parts
+            .iter()
+            .flat_map(|(key, n)| (0..*n).map(|part| ObjectId::Service(key.clone(), part)))
+            .collect();
+        ids.sort();
         ids
     }
 
@@ -475,48 +530,40 @@ impl Planner {
         self.nodes.contains_key(name)
     }
 
+    /// Whether an object should exist (after the changes taken).
+    #[must_use]
+    pub fn wants(&self, id: &ObjectId) -> bool {
+        self.exists(id)
+    }
+
     /// Marks an object to be rebuilt by the next [`Planner::take_changes`] (after a
     /// failed write, or when someone else changed it).
     pub fn mark_dirty(&mut self, id: ObjectId) {
-        self.dirty.insert(id);
+        match id {
+            ObjectId::Service(key, _) => self.dirty.insert(ObjectId::Service(key, 0)),
+            plan => self.dirty.insert(plan),
+        };
     }
 
-    /// The plan of one node and the shards it references, as its agent would see them.
+    /// The plan of one node and every Service plan, as its agent would see them.
     #[must_use]
-    pub fn node_view(&self, node: &str) -> Option<(NodeProxyPlan, Vec<ProxyPlanShard>)> {
+    pub fn node_view(&self, node: &str) -> Option<(NodeProxyPlan, Vec<ServiceProxyPlan>)> {
         let model = self.nodes.get(node)?;
         let plan = self.build_plan(model);
-        let shards = self
-            .shard_ids_for(model)
-            .iter()
-            .filter_map(|id| match self.build(id)? {
-                DesiredObject::Shard(s) => Some(s),
-                DesiredObject::Plan(_) => None,
-            })
+        let mut keys: Vec<&ServiceKey> = self.outputs.keys().collect();
+        keys.sort();
+        let services = keys
+            .into_iter()
+            .flat_map(|key| self.build_service(key))
             .collect();
-        Some((plan, shards))
+        Some((plan, services))
     }
 
-    /// Builds one object; `None` for the plan of an unknown node.
+    /// Warnings about what the planner had to leave out of a Service's plan (more
+    /// endpoints or addresses than an object can hold), for Events on the Service.
     #[must_use]
-    pub fn build(&self, id: &ObjectId) -> Option<DesiredObject> {
-        Some(match id {
-            ObjectId::Plan(node) => DesiredObject::Plan(self.build_plan(self.nodes.get(node)?)),
-            ObjectId::ClusterShard(n) => DesiredObject::Shard(self.build_cluster_shard(id, *n)),
-            ObjectId::ZoneShard(zone, n) => {
-                DesiredObject::Shard(self.build_zone_shard(id, zone, *n))
-            }
-        })
-    }
-
-    fn shard_ids_for(&self, node: &NodeModel) -> Vec<ObjectId> {
-        let mut ids: Vec<ObjectId> = (0..self.config.cluster_shards)
-            .map(ObjectId::ClusterShard)
-            .collect();
-        if let Some(zone) = &node.zone {
-            ids.extend((0..self.config.zone_shards).map(|n| ObjectId::ZoneShard(zone.clone(), n)));
-        }
-        ids
+    pub fn warnings(&self, key: &ServiceKey) -> &[String] {
+        self.outputs.get(key).map_or(&[], |o| o.warnings.as_slice())
     }
 
     fn build_plan(&self, node: &NodeModel) -> NodeProxyPlan {
@@ -543,11 +590,6 @@ impl Planner {
                     LocalTrafficMode::NodeCIDR => node.pod_cidrs.clone(),
                 },
             },
-            shards: self
-                .shard_ids_for(node)
-                .iter()
-                .map(|id| ShardRef { name: id.name() })
-                .collect(),
             overlay,
         };
         spec.revision = revision_of(&spec);
@@ -565,61 +607,44 @@ impl Planner {
         plan
     }
 
-    fn build_cluster_shard(&self, id: &ObjectId, n: u32) -> ProxyPlanShard {
-        let mut entries: Vec<_> = self.cluster_members[n as usize]
-            .iter()
-            .filter_map(|svc| self.outputs.get(svc))
-            .flat_map(|o| o.entries.iter().cloned())
-            .collect();
-        entries.sort_by(|a, b| a.key.cmp(&b.key));
-        let spec = ProxyPlanShardSpec {
-            scope: ShardScope::Cluster,
-            zone: None,
-            revision: String::new(),
-            service_ports: entries,
-            overrides: Vec::new(),
+    /// A Service's plan objects: its entries with their zone lists, spread over as many
+    /// objects as their size needs (usually one).
+    fn build_service(&self, key: &ServiceKey) -> Vec<ServiceProxyPlan> {
+        let Some(output) = self.outputs.get(key) else {
+            return Vec::new();
         };
-        finish_shard(&id.name(), spec, "cluster")
-    }
-
-    fn build_zone_shard(&self, id: &ObjectId, zone: &str, n: u32) -> ProxyPlanShard {
-        let mut overrides: Vec<_> = self
-            .zone_members
-            .get(zone)
+        split_entries(output.entries.clone())
             .into_iter()
-            .flatten()
-            .filter(|svc| shard_of(svc, self.config.zone_shards) == n)
-            .filter_map(|svc| self.outputs.get(svc)?.zone_overrides.get(zone))
-            .flatten()
-            .cloned()
-            .collect();
-        overrides.sort_by(|a, b| a.key.cmp(&b.key));
-        let spec = ProxyPlanShardSpec {
-            scope: ShardScope::Zone,
-            zone: Some(zone.to_owned()),
-            revision: String::new(),
-            service_ports: Vec::new(),
-            overrides,
-        };
-        let mut shard = finish_shard(&id.name(), spec, "zone");
-        if let Some(labels) = shard.metadata.labels.as_mut() {
-            labels.insert(ZONE_LABEL.to_owned(), proxyplan_crds::zone_slug(zone));
-        }
-        shard
+            .enumerate()
+            .map(|(part, service_ports)| {
+                let id = ObjectId::Service(key.clone(), u32::try_from(part).unwrap_or(u32::MAX));
+                let mut spec = ServiceProxyPlanSpec {
+                    revision: String::new(),
+                    service_ports,
+                };
+                spec.revision = revision_of(&spec);
+                let mut object = ServiceProxyPlan::new(&id.name(), spec);
+                object.metadata = managed_meta(&id.name(), Some(&key.name));
+                object.metadata.namespace = Some(key.namespace.clone());
+                object.metadata.owner_references = output.owner.as_ref().map(|uid| {
+                    vec![OwnerReference {
+                        api_version: "v1".to_owned(),
+                        kind: "Service".to_owned(),
+                        name: key.name.clone(),
+                        uid: uid.clone(),
+                        ..OwnerReference::default()
+                    }]
+                });
+                object
+            })
+            .collect()
     }
 }
 
-fn finish_shard(name: &str, mut spec: ProxyPlanShardSpec, scope: &str) -> ProxyPlanShard {
-    spec.revision = revision_of(&spec);
-    let mut shard = ProxyPlanShard::new(name, spec);
-    shard.metadata = managed_meta(name, Some(scope));
-    shard
-}
-
-fn managed_meta(name: &str, scope: Option<&str>) -> ObjectMeta {
+fn managed_meta(name: &str, service: Option<&str>) -> ObjectMeta {
     let mut labels = BTreeMap::from([(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned())]);
-    if let Some(scope) = scope {
-        labels.insert(SCOPE_LABEL.to_owned(), scope.to_owned());
+    if let Some(service) = service {
+        labels.insert(SERVICE_LABEL.to_owned(), service.to_owned());
     }
     ObjectMeta {
         name: Some(name.to_owned()),
@@ -636,12 +661,6 @@ fn service_key(meta: &ObjectMeta) -> ServiceKey {
             .unwrap_or_else(|| "default".to_owned()),
         name: meta.name.clone().unwrap_or_default(),
     }
-}
-
-/// The shard a Service's entries live in: a stable hash of its namespace and name.
-fn shard_of(key: &ServiceKey, shards: u32) -> u32 {
-    let hash = stable_hash(format!("{}/{}", key.namespace, key.name).as_bytes());
-    u32::try_from(hash % u64::from(shards.max(1))).unwrap_or(0)
 }
 
 /// Keys whose values differ between two maps (present in one only, or unequal).

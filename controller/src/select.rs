@@ -2,29 +2,34 @@
 //!
 //! This is kube-proxy's `CategorizeEndpoints` turned inside out. Instead of asking "what
 //! does node N use?", it computes the answer for a node with no zone, no node hint and no
-//! local endpoint (the cluster shard entry), then only the differences: per hinted zone
-//! (zone shard overrides) and per node with local endpoints or a node hint (node overlay).
+//! local endpoint (the Service plan's entry), then only the differences: per hinted zone
+//! (the entry's zone lists) and per node with local endpoints or a node hint (node
+//! overlay).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use proxyplan_crds::{
-    EmptyAction, Endpoint, EndpointOverride, IpFamily, LoadBalancerIp, MasqueradePlan, Protocol,
-    ServicePortPlan, SessionAffinity, TrafficPlan, TrafficPolicy,
+    EmptyAction, Endpoint, EndpointOverride, IpFamily, LoadBalancerIp, MAX_EXTERNAL_IPS,
+    MAX_LOAD_BALANCER_IPS, MAX_SOURCE_RANGES, MAX_ZONES, MasqueradePlan, Protocol, ServicePortPlan,
+    SessionAffinity, TrafficPlan, TrafficPolicy, ZoneEndpoints,
 };
 
 use crate::config::PlannerConfig;
 use crate::model::{EndpointModel, PortModel, ServiceModel, SliceModel, family_of};
+use crate::split::fit_entry;
 
 /// Everything one Service contributes to the plans.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceOutput {
-    /// Full entries for the cluster shard, sorted by key.
+    /// Full entries for the Service's plan, with their zone lists, sorted by key.
     pub entries: Vec<ServicePortPlan>,
-    /// Zone shard overrides, by zone.
-    pub zone_overrides: BTreeMap<String, Vec<EndpointOverride>>,
     /// Node overlay overrides, by node name.
     pub node_overrides: BTreeMap<String, Vec<EndpointOverride>>,
+    /// The Service's UID, for the owner reference of its plan.
+    pub owner: Option<String>,
+    /// What had to be left out, for Warning Events on the Service.
+    pub warnings: Vec<String>,
 }
 
 /// An endpoint of one service port after merging slices: the resolved port number and
@@ -42,7 +47,10 @@ pub fn plan_service<'a>(
     slices: impl Iterator<Item = &'a SliceModel> + Clone,
     config: &PlannerConfig,
 ) -> ServiceOutput {
-    let mut out = ServiceOutput::default();
+    let mut out = ServiceOutput {
+        owner: svc.uid.clone(),
+        ..ServiceOutput::default()
+    };
     for &cluster_ip in &svc.cluster_ips {
         let family = family_of(cluster_ip);
         for port in &svc.ports {
@@ -51,14 +59,52 @@ pub fn plan_service<'a>(
         }
     }
     out.entries.sort_by(|a, b| a.key.cmp(&b.key));
-    for list in out
-        .zone_overrides
-        .values_mut()
-        .chain(out.node_overrides.values_mut())
-    {
+    for entry in &mut out.entries {
+        cap(
+            &mut entry.external_ips,
+            MAX_EXTERNAL_IPS,
+            "externalIPs",
+            &entry.key,
+            &mut out.warnings,
+        );
+        cap(
+            &mut entry.load_balancer_ips,
+            MAX_LOAD_BALANCER_IPS,
+            "load-balancer IPs",
+            &entry.key,
+            &mut out.warnings,
+        );
+        cap(
+            &mut entry.load_balancer_source_ranges,
+            MAX_SOURCE_RANGES,
+            "loadBalancerSourceRanges",
+            &entry.key,
+            &mut out.warnings,
+        );
+        cap(
+            &mut entry.zone_endpoints,
+            MAX_ZONES,
+            "zone lists",
+            &entry.key,
+            &mut out.warnings,
+        );
+        out.warnings.extend(fit_entry(entry));
+    }
+    for list in out.node_overrides.values_mut() {
         list.sort_by(|a, b| a.key.cmp(&b.key));
     }
     out
+}
+
+/// Keeps the first `max` items of `list`, with a warning when that drops any.
+fn cap<T>(list: &mut Vec<T>, max: usize, what: &str, key: &str, warnings: &mut Vec<String>) {
+    if list.len() > max {
+        warnings.push(format!(
+            "{key}: {} {what}, more than the {max} a plan holds: the first {max} are programmed",
+            list.len()
+        ));
+        list.truncate(max);
+    }
 }
 
 /// The entry key: `namespace/name:port/PROTOCOL/family`.
@@ -224,6 +270,7 @@ fn plan_port(
         internal: traffic(svc.internal_local),
         external: externally_accessible.then(|| traffic(external_local)),
         cluster_endpoints: cluster_endpoints.clone(),
+        zone_endpoints: Vec::new(),
         local_endpoints: Vec::new(),
         masquerade: MasqueradePlan {
             all: config.masquerade_all,
@@ -235,24 +282,29 @@ fn plan_port(
     });
 
     if uses_cluster {
-        topology_overrides(&key, candidates, &cluster_endpoints, out);
+        let zones = topology_overrides(&key, candidates, &cluster_endpoints, out);
+        if let Some(entry) = out.entries.last_mut() {
+            entry.zone_endpoints = zones;
+        }
     }
     if uses_local {
         local_overrides(&key, candidates, out);
     }
 }
 
-/// Zone and node overrides of `clusterEndpoints` from topology hints. Hints count only
-/// when every ready endpoint carries them (checked separately for node and zone hints).
+/// Zone lists (returned, sorted by zone) and node overrides of `clusterEndpoints` from
+/// topology hints. Hints count only when every ready endpoint carries them (checked
+/// separately for node and zone hints).
 fn topology_overrides(
     key: &str,
     candidates: &[Candidate<'_>],
     base: &[Endpoint],
     out: &mut ServiceOutput,
-) {
+) -> Vec<ZoneEndpoints> {
+    let mut zone_lists = Vec::new();
     let ready: Vec<&Candidate<'_>> = candidates.iter().filter(|c| c.model.ready).collect();
     if ready.is_empty() {
-        return;
+        return zone_lists;
     }
     if ready.iter().all(|c| !c.model.zone_hints.is_empty()) {
         let zones: std::collections::BTreeSet<&String> = ready
@@ -262,12 +314,10 @@ fn topology_overrides(
         for zone in zones {
             let list = usable(candidates, |m| m.ready && m.zone_hints.contains(zone));
             if list != base {
-                push_override(
-                    out.zone_overrides.entry(zone.clone()).or_default(),
-                    key,
-                    Some(list),
-                    None,
-                );
+                zone_lists.push(ZoneEndpoints {
+                    zone: zone.clone(),
+                    endpoints: list,
+                });
             }
         }
     }
@@ -288,6 +338,7 @@ fn topology_overrides(
             );
         }
     }
+    zone_lists
 }
 
 /// Node overrides of `localEndpoints`: each node's ready endpoints, else its

@@ -1,22 +1,25 @@
-//! API tests: the controller's writes (server-side apply of plans and shards, deletes),
-//! its Lease election and its sync loop, against a mock API server that asserts every
-//! request's method, exact path and query, and body, and that nothing else is sent.
+//! API tests: the controller's writes (server-side apply of node plans and Service plans,
+//! replaces of objects edited by hand, deletes), its Lease election and write fence, and
+//! its sync loop, against a mock API server that asserts every request's method, exact
+//! path and query, and body, and that nothing else is sent.
 //!
 //! The cluster in every scenario: two zoned nodes (`node-a` in `eu-west-1a` with a uid,
 //! `node-b` in `eu-west-1b` without), one ClusterIP Service `web` with Cluster traffic
-//! policies and one EndpointSlice, planned with 2 cluster shards and 1 shard per zone.
+//! policies and one EndpointSlice: three objects, Service plan `default/web` and the two
+//! node plans.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api_support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use api_support::{
     ApiServerVerifier, Received, heartbeat, mk_node, mk_service, mk_slice, plan_apply_uri,
-    plan_delete_uri, scenario, shard_apply_uri, shard_delete_uri,
+    plan_delete_uri, scenario, service_plan_apply_uri, service_plan_delete_uri,
+    service_plan_replace_uri, service_plan_uri,
 };
 use futures::channel::mpsc;
 use http::Method;
@@ -25,32 +28,30 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::watcher::Event;
+use proxyplan_controller::model::ServiceKey;
 use proxyplan_controller::run::http::{Health, Metrics};
-use proxyplan_controller::run::lease::{Leadership, LeaseElector};
+use proxyplan_controller::run::lease::{Fence, Leadership, LeaseElector, LeaseError};
 use proxyplan_controller::run::writer::{Kind, PlanWriter, WriteReport, kind_of, target_of};
 use proxyplan_controller::run::{Input, Settings, SyncLoop};
 use proxyplan_controller::{DesiredObject, ObjectId, Planner, PlannerConfig};
-use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, SCOPE_LABEL, ZONE_LABEL};
+use proxyplan_crds::lenient::Lenient;
+use proxyplan_crds::{
+    MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, SERVICE_LABEL, ServiceProxyPlan,
+};
 use serde_json::{Value, json};
 
 const ZONE_A: &str = "eu-west-1a";
 const ZONE_B: &str = "eu-west-1b";
-const SHARD_ZONE_A: &str = "zone-eu-west-1a-0";
-const SHARD_ZONE_B: &str = "zone-eu-west-1b-0";
-/// Every shard of the cluster, in URI order.
-const ALL_SHARDS: [&str; 4] = ["cluster-0", "cluster-1", SHARD_ZONE_A, SHARD_ZONE_B];
-/// Every plan of the cluster, in URI order.
+/// The Service plan of `web`, as the writer names it.
+const WEB_PLAN: &str = "default/web";
+/// Every node plan of the cluster, in URI order.
 const ALL_PLANS: [&str; 2] = ["node-a", "node-b"];
 
 // ---------------------------------------------------------------------------------------
 // The cluster
 
 fn config() -> PlannerConfig {
-    PlannerConfig {
-        cluster_shards: 2,
-        zone_shards: 1,
-        ..PlannerConfig::default()
-    }
+    PlannerConfig::default()
 }
 
 fn node_a() -> Node {
@@ -63,6 +64,13 @@ fn node_b() -> Node {
 
 fn web() -> Service {
     mk_service("web", "10.96.0.10")
+}
+
+fn web_key() -> ServiceKey {
+    ServiceKey {
+        namespace: "default".to_owned(),
+        name: "web".to_owned(),
+    }
 }
 
 fn web_slice() -> EndpointSlice {
@@ -92,16 +100,27 @@ fn planned_cluster() -> Planner {
     planner
 }
 
+/// A fence that holds for the whole test.
+fn leading() -> Fence {
+    let fence = Fence::new();
+    fence.grant_until(Instant::now() + Duration::from_secs(3600));
+    fence
+}
+
 /// The planner after its first changes were taken, a writer whose view of the server
 /// holds exactly those (as its watches would report them), and the verifier.
 fn written_cluster() -> (Planner, PlanWriter, ApiServerVerifier) {
     let mut planner = planned_cluster();
     let first = planner.take_changes();
-    assert_eq!(first.apply.len(), 6, "4 shards and 2 plans");
+    assert_eq!(first.apply.len(), 3, "1 Service plan and 2 node plans");
     let (client, api) = ApiServerVerifier::new();
     let mut writer = PlanWriter::new(client);
     for object in &first.apply {
-        writer.observe(kind_of(object), object.name(), Some(object.revision()));
+        writer.observe(
+            kind_of(object),
+            &object.qualified_name(),
+            Some(object.revision()),
+        );
     }
     (planner, writer, api)
 }
@@ -109,57 +128,41 @@ fn written_cluster() -> (Planner, PlanWriter, ApiServerVerifier) {
 fn by_name(objects: &[DesiredObject]) -> BTreeMap<String, DesiredObject> {
     objects
         .iter()
-        .map(|o| (o.name().to_owned(), o.clone()))
+        .map(|o| (o.qualified_name(), o.clone()))
         .collect()
 }
 
-/// The cluster shard that holds `web` (a stable hash decides which).
-fn web_shard(objects: &[DesiredObject]) -> String {
-    let holders: Vec<&str> = objects
-        .iter()
-        .filter(|o| matches!(o, DesiredObject::Shard(s) if !s.spec.service_ports.is_empty()))
-        .map(DesiredObject::name)
-        .collect();
-    assert_eq!(holders.len(), 1, "exactly one cluster shard holds web");
-    assert!(holders[0].starts_with("cluster-"), "{holders:?}");
-    holders[0].to_owned()
+fn no_replace() -> BTreeSet<(Kind, String)> {
+    BTreeSet::new()
 }
 
 // ---------------------------------------------------------------------------------------
 // Assertions on request bodies
 
-/// A `ProxyPlanShard` apply body: identity, labels, no owner, the desired revision, and
-/// nothing but the desired object.
-fn assert_shard_body(body: &Value, desired: &DesiredObject) {
+/// A `ServiceProxyPlan` apply body: identity in the Service's namespace, labels, the
+/// owner reference to the Service, the desired revision, and nothing but the desired
+/// object.
+fn assert_service_plan_body(body: &Value, desired: &DesiredObject) {
     let name = desired.name();
-    let scope = if name.starts_with("cluster-") {
-        "cluster"
-    } else {
-        "zone"
-    };
     assert_eq!(body["apiVersion"], "proxyplan.dev/v1alpha1", "{name}");
-    assert_eq!(body["kind"], "ProxyPlanShard", "{name}");
+    assert_eq!(body["kind"], "ServiceProxyPlan", "{name}");
     assert_eq!(body["metadata"]["name"], name);
-    let mut labels = json!({ MANAGED_BY_LABEL: MANAGED_BY, SCOPE_LABEL: scope });
-    if let DesiredObject::Shard(shard) = desired
-        && let Some(zone) = &shard.spec.zone
-    {
-        labels[ZONE_LABEL] = json!(zone);
-    }
-    assert_eq!(body["metadata"]["labels"], labels, "{name}: labels");
-    assert!(
-        body["metadata"].get("ownerReferences").is_none(),
-        "{name}: shards have no owner"
+    assert_eq!(body["metadata"]["namespace"], "default");
+    assert_eq!(
+        body["metadata"]["labels"],
+        json!({ MANAGED_BY_LABEL: MANAGED_BY, SERVICE_LABEL: name }),
+        "{name}: labels"
+    );
+    assert_eq!(
+        body["metadata"]["ownerReferences"],
+        json!([{ "apiVersion": "v1", "kind": "Service", "name": name, "uid": format!("uid-{name}") }]),
+        "{name}: owned by its Service, so it goes with it"
     );
     assert!(
         body["metadata"].get("resourceVersion").is_none(),
         "{name}: an apply never carries a resourceVersion"
     );
     assert_eq!(body["spec"]["revision"], desired.revision(), "{name}");
-    assert_eq!(
-        body["spec"]["scope"],
-        if scope == "zone" { "Zone" } else { "Cluster" }
-    );
     assert!(body.get("status").is_none(), "{name}: no status");
     assert_eq!(
         body,
@@ -195,6 +198,10 @@ fn assert_plan_body(body: &Value, desired: &DesiredObject, owner_uid: Option<&st
     assert_eq!(body["spec"]["nodeName"], name);
     assert_eq!(body["spec"]["revision"], desired.revision(), "{name}");
     assert!(
+        body["spec"].get("shards").is_none(),
+        "{name}: a node plan names no Service"
+    );
+    assert!(
         body.get("status").is_none(),
         "{name}: the controller never applies status"
     );
@@ -207,26 +214,6 @@ fn assert_plan_body(body: &Value, desired: &DesiredObject, owner_uid: Option<&st
 
 fn owner_uid(plan: &str) -> Option<&'static str> {
     (plan == "node-a").then_some("uid-node-a")
-}
-
-/// Checks a batch of shard applies (sorted by URI) against `desired` and echoes each.
-fn answer_shards(batch: Vec<Received>, names: &[&str], desired: &BTreeMap<String, DesiredObject>) {
-    let uris: Vec<&str> = batch.iter().map(|r| r.uri.as_str()).collect();
-    let expected: Vec<String> = names.iter().map(|n| shard_apply_uri(n)).collect();
-    assert_eq!(uris, expected, "shard applies");
-    for request in batch {
-        assert_eq!(request.method, Method::PATCH);
-        assert_eq!(
-            request.content_type.as_deref(),
-            Some(api_support::APPLY_CONTENT_TYPE)
-        );
-        let name = request.body["metadata"]["name"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        assert_shard_body(&request.body, &desired[&name]);
-        request.echo();
-    }
 }
 
 /// Checks a batch of plan applies (sorted by URI) against `desired` and echoes each.
@@ -255,50 +242,49 @@ fn targets(kind: Kind, names: &[&str]) -> Vec<(Kind, String)> {
 
 fn assert_clean(report: &WriteReport) {
     assert!(report.errors.is_empty(), "errors: {:?}", report.errors);
+    assert!(
+        report.abandoned.is_empty(),
+        "abandoned: {:?}",
+        report.abandoned
+    );
 }
 
 // ---------------------------------------------------------------------------------------
 // PlanWriter
 
-/// First sync: every shard is applied (and confirmed) before any plan, so an agent never
-/// sees a plan naming a shard that does not exist yet; each body is exactly the desired
-/// object under one field manager, with `force`.
+/// First sync: the Service plan is applied (and confirmed) before any node plan, so an
+/// agent seldom sees an overlay before the entry it overrides; each body is exactly the
+/// desired object under one field manager, with `force`.
 #[tokio::test]
-async fn first_sync_applies_every_shard_then_every_plan() {
+async fn first_sync_applies_every_service_plan_then_every_node_plan() {
     let mut planner = planned_cluster();
     let changes = planner.take_changes();
     assert!(changes.delete.is_empty(), "{:?}", changes.delete);
     let desired = by_name(&changes.apply);
-    let web_shard = web_shard(&changes.apply);
     let (client, mut api) = ApiServerVerifier::new();
     let mut writer = PlanWriter::new(client);
 
-    let (report, ()) = scenario(writer.write(changes.apply, Vec::new()), async {
-        let shards = api.next_batch(ALL_SHARDS.len()).await;
-        // No plan may be sent while a shard is unconfirmed.
-        api.expect_quiet().await;
-        let holder = shards
-            .iter()
-            .find(|r| r.uri == shard_apply_uri(&web_shard))
-            .unwrap();
-        assert_eq!(
-            holder.body["spec"]["servicePorts"][0]["clusterIP"], "10.96.0.10",
-            "web's entry lives in {web_shard}"
-        );
-        answer_shards(shards, &ALL_SHARDS, &desired);
-        let plans = api.next_batch(ALL_PLANS.len()).await;
-        assert_eq!(
-            plans[0].body["spec"]["shards"],
-            json!([{ "name": "cluster-0" }, { "name": "cluster-1" }, { "name": SHARD_ZONE_A }]),
-            "node-a merges the cluster shards and its zone's"
-        );
-        answer_plans(plans, &ALL_PLANS, &desired);
-    })
+    let (report, ()) = scenario(
+        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
+        async {
+            let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+            // No node plan may be sent while a Service plan is unconfirmed.
+            api.expect_quiet().await;
+            assert_eq!(
+                request.body["spec"]["servicePorts"][0]["clusterIP"],
+                "10.96.0.10"
+            );
+            assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+            request.echo();
+            let plans = api.next_batch(ALL_PLANS.len()).await;
+            answer_plans(plans, &ALL_PLANS, &desired);
+        },
+    )
     .await;
 
     assert_clean(&report);
     let mut applied = targets(Kind::Plan, &ALL_PLANS);
-    applied.extend(targets(Kind::Shard, &ALL_SHARDS));
+    applied.extend(targets(Kind::Service, &[WEB_PLAN]));
     assert_eq!(report.applied, applied);
     assert!(report.deleted.is_empty());
     assert_eq!(report.unchanged, 0);
@@ -319,15 +305,14 @@ async fn first_sync_applies_every_shard_then_every_plan() {
     api.expect_closed().await;
 }
 
-/// An endpoint of a Cluster-policy Service moves: exactly one cluster shard is written,
+/// An endpoint of a Cluster-policy Service moves: exactly its Service plan is written,
 /// whatever the number of nodes. Then events that change nothing (the same Service
 /// again, a node heartbeat, the same slice again) produce no change and no request.
 #[tokio::test]
-async fn one_endpoint_change_writes_one_cluster_shard_and_no_ops_write_nothing() {
+async fn one_endpoint_change_writes_its_service_plan_and_no_ops_write_nothing() {
     let (mut planner, mut writer, mut api) = written_cluster();
-    let web_shard = web_shard(&planner.all_objects());
     let before = writer
-        .observed_revision(Kind::Shard, &web_shard)
+        .observed_revision(Kind::Service, WEB_PLAN)
         .unwrap()
         .to_owned();
 
@@ -338,27 +323,30 @@ async fn one_endpoint_change_writes_one_cluster_shard_and_no_ops_write_nothing()
         changes
             .apply
             .iter()
-            .map(DesiredObject::name)
+            .map(DesiredObject::qualified_name)
             .collect::<Vec<_>>(),
-        [web_shard.as_str()]
+        [WEB_PLAN]
     );
     let desired = by_name(&changes.apply);
-    assert_ne!(desired[&web_shard].revision(), before);
+    assert_ne!(desired[WEB_PLAN].revision(), before);
 
-    let (report, ()) = scenario(writer.write(changes.apply, Vec::new()), async {
-        let request = api.expect_apply(&shard_apply_uri(&web_shard)).await;
-        assert_shard_body(&request.body, &desired[&web_shard]);
-        let endpoints = &request.body["spec"]["servicePorts"][0]["clusterEndpoints"];
-        assert!(
-            endpoints.to_string().contains("10.244.2.11")
-                && !endpoints.to_string().contains("10.244.2.10"),
-            "the moved endpoint: {endpoints}"
-        );
-        request.echo();
-    })
+    let (report, ()) = scenario(
+        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
+        async {
+            let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+            assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+            let endpoints = &request.body["spec"]["servicePorts"][0]["clusterEndpoints"];
+            assert!(
+                endpoints.to_string().contains("10.244.2.11")
+                    && !endpoints.to_string().contains("10.244.2.10"),
+                "the moved endpoint: {endpoints}"
+            );
+            request.echo();
+        },
+    )
     .await;
     assert_clean(&report);
-    assert_eq!(report.applied, targets(Kind::Shard, &[&web_shard]));
+    assert_eq!(report.applied, targets(Kind::Service, &[WEB_PLAN]));
     assert_eq!(report.unchanged, 0);
     api.expect_nothing_queued();
 
@@ -372,7 +360,11 @@ async fn one_endpoint_change_writes_one_cluster_shard_and_no_ops_write_nothing()
     let changes = planner.take_changes();
     assert!(changes.is_empty(), "{changes:?}");
 
-    let (report, ()) = scenario(writer.write(changes.apply, Vec::new()), api.expect_quiet()).await;
+    let (report, ()) = scenario(
+        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
+        api.expect_quiet(),
+    )
+    .await;
     assert_clean(&report);
     assert!(report.applied.is_empty() && report.deleted.is_empty());
     assert_eq!(report.unchanged, 0);
@@ -380,56 +372,36 @@ async fn one_endpoint_change_writes_one_cluster_shard_and_no_ops_write_nothing()
     api.expect_closed().await;
 }
 
-/// The last node of a zone goes: its plan and its zone's shards are deleted; a 404 (the
-/// garbage collector was faster) counts as done. Deleting them again sends nothing.
+/// A node goes: only its plan is deleted (nothing is per zone); a 404 (the garbage
+/// collector was faster) counts as done. Deleting it again sends nothing.
 #[tokio::test]
-async fn deleting_the_last_node_of_a_zone_deletes_its_plan_and_zone_shards() {
+async fn deleting_a_node_deletes_only_its_plan() {
     let (mut planner, mut writer, mut api) = written_cluster();
 
     planner.delete_node("node-b");
     let changes = planner.take_changes();
     assert!(changes.apply.is_empty(), "{:?}", changes.apply);
-    assert_eq!(
-        changes.delete,
-        [
-            ObjectId::Plan("node-b".to_owned()),
-            ObjectId::ZoneShard(ZONE_B.to_owned(), 0)
-        ]
-    );
+    assert_eq!(changes.delete, [ObjectId::Plan("node-b".to_owned())]);
     let delete: Vec<(Kind, String)> = changes.delete.iter().map(target_of).collect();
 
-    let (report, ()) = scenario(writer.write(Vec::new(), delete.clone()), async {
-        let batch = api.next_batch(2).await;
-        let mut batch = batch.into_iter();
-        let plan = batch.next().unwrap();
-        assert_eq!(
-            (&plan.method, plan.uri.as_str()),
-            (&Method::DELETE, plan_delete_uri("node-b").as_str())
-        );
-        assert_eq!(plan.body, json!({}), "default delete options");
-        plan.deleted();
-        let shard = batch.next().unwrap();
-        assert_eq!(
-            (&shard.method, shard.uri.as_str()),
-            (&Method::DELETE, shard_delete_uri(SHARD_ZONE_B).as_str())
-        );
-        assert_eq!(shard.body, json!({}), "default delete options");
-        shard.not_found();
-    })
+    let (report, ()) = scenario(
+        writer.write(Vec::new(), delete.clone(), &no_replace(), &leading()),
+        async {
+            let plan = api.expect_delete(&plan_delete_uri("node-b")).await;
+            plan.not_found();
+        },
+    )
     .await;
     assert_clean(&report);
-    assert_eq!(
-        report.deleted,
-        [
-            (Kind::Plan, "node-b".to_owned()),
-            (Kind::Shard, SHARD_ZONE_B.to_owned())
-        ]
-    );
+    assert_eq!(report.deleted, targets(Kind::Plan, &["node-b"]));
     assert!(report.applied.is_empty());
     assert_eq!(writer.observed_revision(Kind::Plan, "node-b"), None);
-    assert_eq!(writer.observed_revision(Kind::Shard, SHARD_ZONE_B), None);
 
-    let (report, ()) = scenario(writer.write(Vec::new(), delete), api.expect_quiet()).await;
+    let (report, ()) = scenario(
+        writer.write(Vec::new(), delete, &no_replace(), &leading()),
+        api.expect_quiet(),
+    )
+    .await;
     assert_clean(&report);
     assert!(
         report.deleted.is_empty(),
@@ -440,50 +412,13 @@ async fn deleting_the_last_node_of_a_zone_deletes_its_plan_and_zone_shards() {
     api.expect_closed().await;
 }
 
-/// A node goes whose zone keeps other nodes: only its plan is deleted.
-#[tokio::test]
-async fn deleting_a_node_whose_zone_has_other_nodes_deletes_only_its_plan() {
-    let (mut planner, mut writer, mut api) = written_cluster();
-    planner
-        .apply_node(&mk_node("node-c", ZONE_A, Some("uid-node-c"), 3))
-        .unwrap();
-    let changes = planner.take_changes();
-    assert_eq!(
-        changes
-            .apply
-            .iter()
-            .map(DesiredObject::name)
-            .collect::<Vec<_>>(),
-        ["node-c"]
-    );
-    for object in &changes.apply {
-        writer.observe(kind_of(object), object.name(), Some(object.revision()));
-    }
-
-    planner.delete_node("node-c");
-    let changes = planner.take_changes();
-    assert!(changes.apply.is_empty());
-    assert_eq!(changes.delete, [ObjectId::Plan("node-c".to_owned())]);
-    let delete = changes.delete.iter().map(target_of).collect();
-
-    let (report, ()) = scenario(writer.write(Vec::new(), delete), async {
-        api.expect_delete(&plan_delete_uri("node-c"))
-            .await
-            .deleted();
-    })
-    .await;
-    assert_clean(&report);
-    assert_eq!(report.deleted, targets(Kind::Plan, &["node-c"]));
-    drop(writer);
-    api.expect_closed().await;
-}
-
 /// A delete the API server refuses is reported, and the writer still believes the object
 /// exists, so the retry sends it again.
 #[tokio::test]
 async fn a_failed_delete_is_reported_and_retried() {
     let (mut planner, mut writer, mut api) = written_cluster();
     planner.delete_node("node-a");
+    planner.delete_service_named(&web_key());
     let delete: Vec<(Kind, String)> = planner
         .take_changes()
         .delete
@@ -494,21 +429,24 @@ async fn a_failed_delete_is_reported_and_retried() {
         delete,
         [
             (Kind::Plan, "node-a".to_owned()),
-            (Kind::Shard, SHARD_ZONE_A.to_owned())
+            (Kind::Service, WEB_PLAN.to_owned())
         ]
     );
 
-    let (report, ()) = scenario(writer.write(Vec::new(), delete.clone()), async {
-        let mut batch = api.next_batch(2).await.into_iter();
-        let plan = batch.next().unwrap();
-        assert_eq!(plan.uri, plan_delete_uri("node-a"));
-        plan.fail(500, "InternalError");
-        let shard = batch.next().unwrap();
-        assert_eq!(shard.uri, shard_delete_uri(SHARD_ZONE_A));
-        shard.deleted();
-    })
+    let (report, ()) = scenario(
+        writer.write(Vec::new(), delete.clone(), &no_replace(), &leading()),
+        async {
+            let mut batch = api.next_batch(2).await.into_iter();
+            let service = batch.next().unwrap();
+            assert_eq!(service.uri, service_plan_delete_uri("web"));
+            service.deleted();
+            let plan = batch.next().unwrap();
+            assert_eq!(plan.uri, plan_delete_uri("node-a"));
+            plan.fail(500, "InternalError");
+        },
+    )
     .await;
-    assert_eq!(report.deleted, targets(Kind::Shard, &[SHARD_ZONE_A]));
+    assert_eq!(report.deleted, targets(Kind::Service, &[WEB_PLAN]));
     assert_eq!(report.errors.len(), 1);
     assert_eq!(
         (
@@ -520,11 +458,14 @@ async fn a_failed_delete_is_reported_and_retried() {
     );
     assert!(writer.observed_revision(Kind::Plan, "node-a").is_some());
 
-    let (report, ()) = scenario(writer.write(Vec::new(), delete), async {
-        api.expect_delete(&plan_delete_uri("node-a"))
-            .await
-            .deleted();
-    })
+    let (report, ()) = scenario(
+        writer.write(Vec::new(), delete, &no_replace(), &leading()),
+        async {
+            api.expect_delete(&plan_delete_uri("node-a"))
+                .await
+                .deleted();
+        },
+    )
     .await;
     assert_clean(&report);
     assert_eq!(report.deleted, targets(Kind::Plan, &["node-a"]));
@@ -543,18 +484,25 @@ async fn a_failed_apply_is_reported_and_retried() {
     let mut writer = PlanWriter::new(client);
     for object in &objects {
         if object.name() != "node-b" {
-            writer.observe(kind_of(object), object.name(), Some(object.revision()));
+            writer.observe(
+                kind_of(object),
+                &object.qualified_name(),
+                Some(object.revision()),
+            );
         }
     }
 
-    let (report, ()) = scenario(writer.write(objects.clone(), Vec::new()), async {
-        api.expect_apply(&plan_apply_uri("node-b"))
-            .await
-            .fail(422, "Invalid");
-    })
+    let (report, ()) = scenario(
+        writer.write(objects.clone(), Vec::new(), &no_replace(), &leading()),
+        async {
+            api.expect_apply(&plan_apply_uri("node-b"))
+                .await
+                .fail(422, "Invalid");
+        },
+    )
     .await;
     assert!(report.applied.is_empty());
-    assert_eq!(report.unchanged, 5);
+    assert_eq!(report.unchanged, 2);
     assert_eq!(report.errors.len(), 1);
     assert_eq!(
         (
@@ -566,11 +514,14 @@ async fn a_failed_apply_is_reported_and_retried() {
     );
     assert_eq!(writer.observed_revision(Kind::Plan, "node-b"), None);
 
-    let (report, ()) = scenario(writer.write(objects, Vec::new()), async {
-        let request = api.expect_apply(&plan_apply_uri("node-b")).await;
-        assert_plan_body(&request.body, &desired["node-b"], None);
-        request.echo();
-    })
+    let (report, ()) = scenario(
+        writer.write(objects, Vec::new(), &no_replace(), &leading()),
+        async {
+            let request = api.expect_apply(&plan_apply_uri("node-b")).await;
+            assert_plan_body(&request.body, &desired["node-b"], None);
+            request.echo();
+        },
+    )
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Plan, &["node-b"]));
@@ -578,27 +529,27 @@ async fn a_failed_apply_is_reported_and_retried() {
     api.expect_closed().await;
 }
 
-/// A full reconcile where the server holds a shard nobody references any more
-/// (`cluster-7`, from a time with more cluster shards): exactly that shard is deleted,
+/// A full reconcile where the server holds a Service plan nobody wants any more (its
+/// Service went while the controller was down): exactly that object is deleted,
 /// everything else is unchanged.
 #[tokio::test]
-async fn full_reconcile_deletes_only_the_shard_nobody_references() {
+async fn full_reconcile_deletes_only_the_object_nobody_wants() {
     let (planner, mut writer, mut api) = written_cluster();
-    writer.observe(Kind::Shard, "cluster-7", Some("0123456789abcdef"));
+    writer.observe(Kind::Service, "default/gone", Some("0123456789abcdef"));
     let all = planner.all_objects();
     let stale = writer.stale(&all);
-    assert_eq!(stale, targets(Kind::Shard, &["cluster-7"]));
+    assert_eq!(stale, targets(Kind::Service, &["default/gone"]));
 
-    let (report, ()) = scenario(writer.write(all, stale), async {
-        api.expect_delete(&shard_delete_uri("cluster-7"))
+    let (report, ()) = scenario(writer.write(all, stale, &no_replace(), &leading()), async {
+        api.expect_delete(&service_plan_delete_uri("gone"))
             .await
             .deleted();
     })
     .await;
     assert_clean(&report);
     assert!(report.applied.is_empty());
-    assert_eq!(report.deleted, targets(Kind::Shard, &["cluster-7"]));
-    assert_eq!(report.unchanged, 6);
+    assert_eq!(report.deleted, targets(Kind::Service, &["default/gone"]));
+    assert_eq!(report.unchanged, 3);
     assert!(writer.stale(&planner.all_objects()).is_empty());
     drop(writer);
     api.expect_closed().await;
@@ -612,57 +563,108 @@ async fn objects_the_server_already_has_are_skipped() {
     let all = planner.all_objects();
     let desired = by_name(&all);
 
-    let (report, ()) = scenario(writer.write(all.clone(), Vec::new()), api.expect_quiet()).await;
+    let (report, ()) = scenario(
+        writer.write(all.clone(), Vec::new(), &no_replace(), &leading()),
+        api.expect_quiet(),
+    )
+    .await;
     assert_clean(&report);
     assert!(report.applied.is_empty() && report.deleted.is_empty());
-    assert_eq!(report.unchanged, 6);
+    assert_eq!(report.unchanged, 3);
 
     // Someone edited node-a's plan: the watch shows another revision.
     let diverged = writer.observe(Kind::Plan, "node-a", Some("edited-by-someone"));
     assert!(diverged, "the writer had confirmed another revision");
-    let (report, ()) = scenario(writer.write(all, Vec::new()), async {
-        let request = api.expect_apply(&plan_apply_uri("node-a")).await;
-        assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
-        request.echo();
-    })
+    let (report, ()) = scenario(
+        writer.write(all, Vec::new(), &no_replace(), &leading()),
+        async {
+            let request = api.expect_apply(&plan_apply_uri("node-a")).await;
+            assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
+            request.echo();
+        },
+    )
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Plan, &["node-a"]));
-    assert_eq!(report.unchanged, 5);
+    assert_eq!(report.unchanged, 2);
     drop(writer);
     api.expect_closed().await;
 }
 
-/// `proxyplan.dev/zone` is documented (crds `ZONE_LABEL`) as the label on a zone shard
-/// naming its zone.
+/// An object edited by hand is written whole: read, then replaced with the desired
+/// object under the server's resourceVersion (server-side apply would keep the fields
+/// the other manager added). Gone, it is applied again.
 #[tokio::test]
-async fn zone_shards_carry_the_zone_label() {
-    let mut planner = planned_cluster();
-    let changes = planner.take_changes();
-    let desired = by_name(&changes.apply);
-    let (client, mut api) = ApiServerVerifier::new();
-    let mut writer = PlanWriter::new(client);
-    let (_, ()) = scenario(writer.write(changes.apply, Vec::new()), async {
-        for request in api.next_batch(ALL_SHARDS.len()).await {
-            let name = request.body["metadata"]["name"]
-                .as_str()
-                .unwrap()
-                .to_owned();
-            if let DesiredObject::Shard(shard) = &desired[&name]
-                && let Some(zone) = &shard.spec.zone
-            {
-                assert_eq!(
-                    request.body["metadata"]["labels"][ZONE_LABEL], *zone,
-                    "{name}: zone label"
-                );
-            }
-            request.echo();
-        }
-        for request in api.next_batch(ALL_PLANS.len()).await {
-            request.echo();
-        }
+async fn an_edited_object_is_replaced_whole() {
+    let (planner, mut writer, mut api) = written_cluster();
+    let all = planner.all_objects();
+    let desired = by_name(&all);
+    let replace: BTreeSet<(Kind, String)> =
+        [(Kind::Service, WEB_PLAN.to_owned())].into_iter().collect();
+    writer.observe(Kind::Service, WEB_PLAN, Some("edited:whatever"));
+
+    let (report, ()) = scenario(
+        writer.write(all.clone(), Vec::new(), &replace, &leading()),
+        async {
+            let mut edited = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
+            edited["metadata"]["resourceVersion"] = json!("77");
+            edited["spec"]["servicePorts"][0]["clusterEndpoints"] = json!([]);
+            api.expect(Method::GET, &service_plan_uri("web"))
+                .await
+                .respond(200, &edited);
+            let put = api
+                .expect(Method::PUT, &service_plan_replace_uri("web"))
+                .await;
+            assert_eq!(put.body["metadata"]["resourceVersion"], "77");
+            let mut want = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
+            want["metadata"]["resourceVersion"] = json!("77");
+            assert_eq!(put.body, want, "the whole desired object");
+            put.echo();
+        },
+    )
+    .await;
+    assert_clean(&report);
+    assert_eq!(report.applied, targets(Kind::Service, &[WEB_PLAN]));
+
+    // Deleted by hand: read finds nothing, so it is applied.
+    writer.observe(Kind::Service, WEB_PLAN, None);
+    let (report, ()) = scenario(writer.write(all, Vec::new(), &replace, &leading()), async {
+        api.expect(Method::GET, &service_plan_uri("web"))
+            .await
+            .not_found();
+        let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+        request.echo();
     })
     .await;
+    assert_clean(&report);
+    drop(writer);
+    api.expect_closed().await;
+}
+
+/// Without a valid fence (the Lease was not renewed in time) the writer sends nothing:
+/// every write is abandoned, none is an error, and nothing is remembered as written.
+#[tokio::test]
+async fn nothing_is_written_without_the_fence() {
+    let mut planner = planned_cluster();
+    let objects = planner.take_changes().apply;
+    let (client, mut api) = ApiServerVerifier::new();
+    let mut writer = PlanWriter::new(client);
+    let expired = Fence::new();
+    expired.grant_until(Instant::now());
+    let (report, ()) = scenario(
+        writer.write(
+            objects,
+            vec![(Kind::Plan, "node-z".to_owned())],
+            &no_replace(),
+            &expired,
+        ),
+        api.expect_quiet(),
+    )
+    .await;
+    assert!(report.applied.is_empty() && report.errors.is_empty());
+    assert_eq!(report.abandoned.len(), 3);
+    assert_eq!(writer.observed_revision(Kind::Plan, "node-a"), None);
     drop(writer);
     api.expect_closed().await;
 }
@@ -695,6 +697,11 @@ fn micro(t: Timestamp) -> Value {
 
 fn elector(client: kube::Client) -> LeaseElector {
     LeaseElector::new(client, LEASE_NS, LEASE_NAME, US, Duration::from_secs(15))
+}
+
+/// This replica's monotonic clock, `seconds` after the test's start.
+fn local(start: Instant, seconds: u64) -> Instant {
+    start + Duration::from_secs(seconds)
 }
 
 /// A Lease as the API server returns it.
@@ -754,8 +761,9 @@ fn assert_lease_replace(
 #[tokio::test]
 async fn lease_missing_is_created_and_we_lead() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
-    let (result, ()) = scenario(elector.try_acquire_or_renew(t0()), async {
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let (result, ()) = scenario(elector.try_acquire_or_renew(t0(), local(start, 0)), async {
         api.expect(Method::GET, LEASE_URI).await.not_found();
         let create = api.expect(Method::POST, LEASES_URI).await;
         assert_eq!(create.content_type.as_deref(), Some("application/json"));
@@ -789,8 +797,9 @@ async fn lease_missing_is_created_and_we_lead() {
 #[tokio::test]
 async fn lease_create_race_lost_makes_us_follower() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
-    let (result, ()) = scenario(elector.try_acquire_or_renew(t0()), async {
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let (result, ()) = scenario(elector.try_acquire_or_renew(t0(), local(start, 0)), async {
         api.expect(Method::GET, LEASE_URI).await.not_found();
         api.expect(Method::POST, LEASES_URI)
             .await
@@ -806,8 +815,9 @@ async fn lease_create_race_lost_makes_us_follower() {
 #[tokio::test]
 async fn lease_held_by_another_is_left_alone() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
-    let (result, ()) = scenario(elector.try_acquire_or_renew(t0()), async {
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let (result, ()) = scenario(elector.try_acquire_or_renew(t0(), local(start, 0)), async {
         api.expect(Method::GET, LEASE_URI)
             .await
             .respond(200, &lease(Some(THEM), -100, 0, 3, "41"));
@@ -816,33 +826,101 @@ async fn lease_held_by_another_is_left_alone() {
     assert_eq!(result.unwrap(), Leadership::Follower);
     api.expect_nothing_queued();
     // Still valid at the last second of its duration.
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(14)), async {
-        api.expect(Method::GET, LEASE_URI)
-            .await
-            .respond(200, &lease(Some(THEM), -100, 0, 3, "41"));
-    })
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(14), local(start, 14)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &lease(Some(THEM), -100, 0, 3, "41"));
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Follower);
     drop(elector);
     api.expect_closed().await;
 }
 
-/// (c) A Lease another replica let expire: we replace it (same resourceVersion), with
-/// one more transition, and lead.
+/// (c) A Lease another replica let expire: after it has not changed for a lease
+/// duration by our clock, we replace it (same resourceVersion), with one more transition,
+/// and lead.
 #[tokio::test]
 async fn lease_expired_is_taken_over() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let read = lease(Some(THEM), -100, 0, 3, "42");
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(1), local(start, 0)),
+        async {
+            api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Leadership::Follower, "first seen now");
     let now = 16;
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(now)), async {
-        let read = lease(Some(THEM), -100, 0, 3, "42");
-        api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
-        let replace = api.next().await;
-        assert_lease_replace(&replace, &read, now, now, 4);
-        let mut stored = replace.body.clone();
-        stored["metadata"]["resourceVersion"] = json!("43");
-        replace.respond(200, &stored);
-    })
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(now), local(start, 16)),
+        async {
+            api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
+            let replace = api.next().await;
+            assert_lease_replace(&replace, &read, now, now, 4);
+            let mut stored = replace.body.clone();
+            stored["metadata"]["resourceVersion"] = json!("43");
+            replace.respond(200, &stored);
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Leadership::Leader);
+    drop(elector);
+    api.expect_closed().await;
+}
+
+/// Expiry does not trust the other replica's clock: a Lease whose renewTime is long past
+/// (the holder's clock is behind) is not taken while it keeps changing, and one whose
+/// renewTime is in the future (the holder's clock is ahead) is taken once it has not
+/// changed for a lease duration.
+#[tokio::test]
+async fn lease_expiry_is_measured_on_our_clock_not_theirs() {
+    let (client, mut api) = ApiServerVerifier::new();
+    let mut elector = elector(client);
+    let start = Instant::now();
+    // Renewed an hour "ago" by its own clock, but renewed (new resourceVersions).
+    for (seconds, rv) in [(0, "50"), (10, "51"), (20, "52"), (30, "53")] {
+        let (result, ()) = scenario(
+            elector.try_acquire_or_renew(at(3600), local(start, seconds)),
+            async {
+                api.expect(Method::GET, LEASE_URI)
+                    .await
+                    .respond(200, &lease(Some(THEM), -7200, 0, 3, rv));
+            },
+        )
+        .await;
+        assert_eq!(result.unwrap(), Leadership::Follower, "at {seconds}s");
+    }
+    // Renewed "in an hour" by its own clock, but silent since we saw it at 30 s.
+    let ahead = lease(Some(THEM), 0, 7200, 3, "54");
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(40), local(start, 40)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &ahead);
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Leadership::Follower);
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(56), local(start, 56)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &ahead);
+            let replace = api.next().await;
+            assert_eq!(replace.method, Method::PUT);
+            assert_eq!(replace.body["spec"]["holderIdentity"], US);
+            replace.echo();
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Leader);
     drop(elector);
@@ -853,66 +931,97 @@ async fn lease_expired_is_taken_over() {
 #[tokio::test]
 async fn lease_released_is_taken_at_once() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(1)), async {
-        let mut read = lease(None, -100, 0, 3, "42");
-        read["spec"]["leaseDurationSeconds"] = json!(1);
-        api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
-        let replace = api.next().await;
-        assert_lease_replace(&replace, &read, 1, 1, 4);
-        replace.echo();
-    })
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(1), local(start, 1)),
+        async {
+            let mut read = lease(None, -100, 0, 3, "42");
+            read["spec"]["leaseDurationSeconds"] = json!(1);
+            api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
+            let replace = api.next().await;
+            assert_lease_replace(&replace, &read, 1, 1, 4);
+            replace.echo();
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Leader);
     drop(elector);
     api.expect_closed().await;
 }
 
-/// (d), (e) and renewal: round 1 another replica leads; round 2 its Lease expired but
-/// our replace loses the race (409): follower; round 3 the winner let it expire too: we
-/// take it; round 4 we renew (acquire time and transitions kept).
+/// (d), (e) and renewal: round 1 another replica leads; round 2 its Lease has not
+/// changed for a lease duration but our replace loses the race (409): follower; round 3
+/// the winner holds it; round 4 the winner let it expire too: we take it; round 5 we
+/// renew (acquire time and transitions kept).
 #[tokio::test]
 async fn lease_lost_race_then_regained_then_renewed() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
+    let mut elector = elector(client);
+    let start = Instant::now();
 
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(0)), async {
-        api.expect(Method::GET, LEASE_URI)
-            .await
-            .respond(200, &lease(Some(THEM), -100, -2, 3, "42"));
-    })
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(0), local(start, 0)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &lease(Some(THEM), -100, -2, 3, "42"));
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Follower);
 
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(20)), async {
-        let read = lease(Some(THEM), -100, -2, 3, "42");
-        api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
-        let replace = api.next().await;
-        assert_lease_replace(&replace, &read, 20, 20, 4);
-        replace.conflict();
-    })
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(20), local(start, 20)),
+        async {
+            let read = lease(Some(THEM), -100, -2, 3, "42");
+            api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
+            let replace = api.next().await;
+            assert_lease_replace(&replace, &read, 20, 20, 4);
+            replace.conflict();
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Follower, "lost the race");
 
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(40)), async {
-        let read = lease(Some("replica-c"), 20, 22, 4, "44");
-        api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
-        let replace = api.next().await;
-        assert_lease_replace(&replace, &read, 40, 40, 5);
-        let mut stored = replace.body.clone();
-        stored["metadata"]["resourceVersion"] = json!("45");
-        replace.respond(200, &stored);
-    })
+    let winner = lease(Some("replica-c"), 20, 22, 4, "44");
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(24), local(start, 24)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &winner);
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Leadership::Follower, "the winner leads");
+
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(40), local(start, 40)),
+        async {
+            api.expect(Method::GET, LEASE_URI)
+                .await
+                .respond(200, &winner);
+            let replace = api.next().await;
+            assert_lease_replace(&replace, &winner, 40, 40, 5);
+            let mut stored = replace.body.clone();
+            stored["metadata"]["resourceVersion"] = json!("45");
+            replace.respond(200, &stored);
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Leader, "regained");
 
-    let (result, ()) = scenario(elector.try_acquire_or_renew(at(42)), async {
-        let read = lease(Some(US), 40, 40, 5, "45");
-        api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
-        let replace = api.next().await;
-        assert_lease_replace(&replace, &read, 40, 42, 5);
-        replace.echo();
-    })
+    let (result, ()) = scenario(
+        elector.try_acquire_or_renew(at(42), local(start, 42)),
+        async {
+            let read = lease(Some(US), 40, 40, 5, "45");
+            api.expect(Method::GET, LEASE_URI).await.respond(200, &read);
+            let replace = api.next().await;
+            assert_lease_replace(&replace, &read, 40, 42, 5);
+            replace.echo();
+        },
+    )
     .await;
     assert_eq!(result.unwrap(), Leadership::Leader, "renewed");
     drop(elector);
@@ -923,15 +1032,16 @@ async fn lease_lost_race_then_regained_then_renewed() {
 #[tokio::test]
 async fn lease_api_errors_are_errors() {
     let (client, mut api) = ApiServerVerifier::new();
-    let elector = elector(client);
-    let (result, ()) = scenario(elector.try_acquire_or_renew(t0()), async {
+    let mut elector = elector(client);
+    let start = Instant::now();
+    let (result, ()) = scenario(elector.try_acquire_or_renew(t0(), local(start, 0)), async {
         api.expect(Method::GET, LEASE_URI)
             .await
             .fail(403, "Forbidden");
     })
     .await;
     assert!(
-        matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403),
+        matches!(result, Err(LeaseError::Api(kube::Error::Api(ref s))) if s.code == 403),
         "{result:?}"
     );
     drop(elector);
@@ -1001,26 +1111,34 @@ fn sync_loop(client: kube::Client) -> SyncLoop {
         &settings(),
         Arc::new(Metrics::new()),
         Arc::new(Health::default()),
+        leading(),
+        None,
     )
 }
 
-/// The initial list of every watch: the cluster, and no plans or shards yet.
+/// An object as a watch delivers it.
+fn ok<K: kube::Resource>(object: K) -> Lenient<K> {
+    let meta = object.meta().clone();
+    Lenient::decoded(meta, object)
+}
+
+/// The initial list of every watch: the cluster, and no plans or Service plans yet.
 fn initial_lists() -> Vec<Input> {
     vec![
         Input::Service(Event::Init),
-        Input::Service(Event::InitApply(web())),
+        Input::Service(Event::InitApply(ok(web()))),
         Input::Service(Event::InitDone),
         Input::Slice(Event::Init),
-        Input::Slice(Event::InitApply(web_slice())),
+        Input::Slice(Event::InitApply(ok(web_slice()))),
         Input::Slice(Event::InitDone),
         Input::Node(Event::Init),
-        Input::Node(Event::InitApply(node_a())),
-        Input::Node(Event::InitApply(node_b())),
+        Input::Node(Event::InitApply(ok(node_a()))),
+        Input::Node(Event::InitApply(ok(node_b()))),
         Input::Node(Event::InitDone),
         Input::Plan(Event::Init),
         Input::Plan(Event::InitDone),
-        Input::Shard(Event::Init),
-        Input::Shard(Event::InitDone),
+        Input::ServicePlan(Event::Init),
+        Input::ServicePlan(Event::InitDone),
     ]
 }
 
@@ -1029,12 +1147,13 @@ fn desired_cluster() -> BTreeMap<String, DesiredObject> {
     by_name(&planned_cluster().all_objects())
 }
 
-/// Serves a full write of the cluster: every shard, then every plan. Returns the plan
-/// bodies as the server stored them.
+/// Serves a full write of the cluster: the Service plan, then every node plan. Returns
+/// the node plan bodies as the server stored them.
 async fn serve_full_write(api: &mut ApiServerVerifier) -> Vec<Value> {
     let desired = desired_cluster();
-    let shards = api.next_batch(ALL_SHARDS.len()).await;
-    answer_shards(shards, &ALL_SHARDS, &desired);
+    let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+    assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+    request.echo();
     let plans = api.next_batch(ALL_PLANS.len()).await;
     let bodies = plans.iter().map(|r| r.body.clone()).collect();
     answer_plans(plans, &ALL_PLANS, &desired);
@@ -1075,7 +1194,7 @@ async fn sync_loop_writes_nothing_before_every_watch_listed() {
     for input in lists.into_iter().take(last) {
         sync.handle(input);
     }
-    assert!(!sync.synced(), "the shard watch has not listed yet");
+    assert!(!sync.synced(), "the Service plan watch has not listed yet");
     sync.set_leader(true);
     scenario(sync.sync(), api.expect_quiet()).await;
     drop(sync);
@@ -1084,7 +1203,8 @@ async fn sync_loop_writes_nothing_before_every_watch_listed() {
 
 /// The loop as `run` drives it: synced but follower, it writes nothing; leading, it
 /// writes the cluster once; an endpoint change while follower is not written until it
-/// leads again, and then only that shard (a full reconcile skips what the server has).
+/// leads again, and then only that Service plan (a full reconcile skips what the server
+/// has).
 #[tokio::test]
 async fn sync_loop_run_writes_only_while_leading() {
     let (client, mut api) = ApiServerVerifier::new();
@@ -1094,8 +1214,6 @@ async fn sync_loop_run_writes_only_while_leading() {
     for input in initial_lists() {
         inputs_tx.unbounded_send(input).unwrap();
     }
-    let web_shard = web_shard(&planned_cluster().all_objects());
-
     let script = async {
         api.expect_quiet().await;
         leader_tx.send(true).unwrap();
@@ -1104,7 +1222,7 @@ async fn sync_loop_run_writes_only_while_leading() {
 
         leader_tx.send(false).unwrap();
         inputs_tx
-            .unbounded_send(Input::Slice(Event::Apply(web_slice_moved())))
+            .unbounded_send(Input::Slice(Event::Apply(ok(web_slice_moved()))))
             .unwrap();
         api.expect_quiet().await;
 
@@ -1112,8 +1230,8 @@ async fn sync_loop_run_writes_only_while_leading() {
         let mut planner = planned_cluster();
         planner.apply_slice(&web_slice_moved()).unwrap();
         let desired = by_name(&planner.all_objects());
-        let request = api.expect_apply(&shard_apply_uri(&web_shard)).await;
-        assert_shard_body(&request.body, &desired[&web_shard]);
+        let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
         request.echo();
         api.expect_quiet().await;
     };
@@ -1131,7 +1249,8 @@ async fn sync_loop_run_writes_only_while_leading() {
 }
 
 /// As leader, a plan deleted behind the controller's back (the watch reports it) is
-/// written again; a shard someone edited is written back.
+/// written again; a Service plan someone edited (even keeping `spec.revision`, so that
+/// only its content gives it away) is read and replaced whole.
 #[tokio::test]
 async fn sync_loop_repairs_objects_changed_behind_its_back() {
     let (client, mut api) = ApiServerVerifier::new();
@@ -1150,22 +1269,39 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
 
         let plan_a: NodeProxyPlan = serde_json::from_value(plans[0].clone()).unwrap();
         inputs_tx
-            .unbounded_send(Input::Plan(Event::Delete(plan_a)))
+            .unbounded_send(Input::Plan(Event::Delete(ok(plan_a))))
             .unwrap();
+        api.expect(Method::GET, &format!("{}/node-a", api_support::PLANS))
+            .await
+            .not_found();
         let request = api.expect_apply(&plan_apply_uri("node-a")).await;
         assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
         request.echo();
         api.expect_quiet().await;
 
-        let mut edited: proxyplan_crds::ProxyPlanShard =
-            serde_json::from_value(serde_json::to_value(&desired["cluster-0"]).unwrap()).unwrap();
-        edited.spec.revision = "edited-by-someone".to_owned();
+        // An endpoint added by hand, revision kept.
+        let mut edited: ServiceProxyPlan =
+            serde_json::from_value(serde_json::to_value(&desired[WEB_PLAN]).unwrap()).unwrap();
+        edited.spec.service_ports[0]
+            .cluster_endpoints
+            .push(proxyplan_crds::Endpoint {
+                ip: "10.244.9.9".to_owned(),
+                port: 8080,
+            });
+        edited.metadata.resource_version = Some("90".to_owned());
         inputs_tx
-            .unbounded_send(Input::Shard(Event::Apply(edited)))
+            .unbounded_send(Input::ServicePlan(Event::Apply(ok(edited.clone()))))
             .unwrap();
-        let request = api.expect_apply(&shard_apply_uri("cluster-0")).await;
-        assert_shard_body(&request.body, &desired["cluster-0"]);
-        request.echo();
+        api.expect(Method::GET, &service_plan_uri("web"))
+            .await
+            .respond(200, &serde_json::to_value(&edited).unwrap());
+        let put = api
+            .expect(Method::PUT, &service_plan_replace_uri("web"))
+            .await;
+        let mut want = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
+        want["metadata"]["resourceVersion"] = json!("90");
+        assert_eq!(put.body, want);
+        put.echo();
         api.expect_quiet().await;
     };
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -1178,5 +1314,33 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
     .expect("scenario timed out");
     drop(sync);
     drop(inputs_tx);
+    api.expect_closed().await;
+}
+
+/// A Service whose status the API server accepted but our types cannot read (a
+/// condition with an empty `lastTransitionTime`) is planned: only the fields the planner
+/// reads are decoded.
+#[tokio::test]
+async fn an_odd_service_status_does_not_stop_its_planning() {
+    let (client, mut api) = ApiServerVerifier::new();
+    let mut sync = sync_loop(client);
+    let mut raw = serde_json::to_value(web()).unwrap();
+    raw["status"] = json!({
+        "conditions": [{"type": "X", "status": "True", "reason": "R", "message": "",
+                        "lastTransitionTime": ""}]
+    });
+    let odd: Lenient<Service> = serde_json::from_value(raw).unwrap();
+    assert!(odd.object.is_ok(), "{:?}", odd.object);
+    let mut lists = initial_lists();
+    lists[1] = Input::Service(Event::InitApply(odd));
+    for input in lists {
+        sync.handle(input);
+    }
+    sync.set_leader(true);
+    scenario(sync.sync(), async {
+        serve_full_write(&mut api).await;
+    })
+    .await;
+    drop(sync);
     api.expect_closed().await;
 }

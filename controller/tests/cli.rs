@@ -19,23 +19,19 @@ fn plan(args: &[&str]) -> (i32, String, String) {
 }
 
 #[test]
-fn node_view_of_the_example_is_its_plan_then_its_shards() {
-    let (code, stdout, stderr) = plan(&[
-        "--state",
-        "examples/cluster.yaml",
-        "--node",
-        "node-b",
-        "--cluster-shards",
-        "2",
-    ]);
+fn node_view_of_the_example_is_its_plan_then_every_service_plan() {
+    let (code, stdout, stderr) = plan(&["--state", "examples/cluster.yaml", "--node", "node-b"]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stderr, "");
     let kinds: Vec<String> = serde_yaml::Deserializer::from_str(&stdout)
         .map(|doc| {
             let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
             format!(
-                "{}/{}",
+                "{}/{}{}",
                 value["kind"].as_str().unwrap_or("?"),
+                value["metadata"]["namespace"]
+                    .as_str()
+                    .map_or_else(String::new, |ns| format!("{ns}/")),
                 value["metadata"]["name"].as_str().unwrap_or("?")
             )
         })
@@ -44,12 +40,11 @@ fn node_view_of_the_example_is_its_plan_then_its_shards() {
         kinds,
         [
             "NodeProxyPlan/node-b",
-            "ProxyPlanShard/cluster-0",
-            "ProxyPlanShard/cluster-1",
-            "ProxyPlanShard/zone-zone-b-0",
-            "ProxyPlanShard/zone-zone-b-1",
-            "ProxyPlanShard/zone-zone-b-2",
-            "ProxyPlanShard/zone-zone-b-3",
+            "ServiceProxyPlan/demo/empty",
+            "ServiceProxyPlan/demo/local-lb",
+            "ServiceProxyPlan/demo/sticky",
+            "ServiceProxyPlan/demo/web",
+            "ServiceProxyPlan/demo/web-nodeport",
         ]
     );
     assert!(
@@ -60,21 +55,12 @@ fn node_view_of_the_example_is_its_plan_then_its_shards() {
 
 #[test]
 fn json_output_is_a_list_of_every_object() {
-    let (code, stdout, stderr) = plan(&[
-        "--state",
-        "examples/cluster.yaml",
-        "-o",
-        "json",
-        "--cluster-shards",
-        "1",
-        "--zone-shards",
-        "1",
-    ]);
+    let (code, stdout, stderr) = plan(&["--state", "examples/cluster.yaml", "-o", "json"]);
     assert_eq!(code, 0, "{stderr}");
     let list: serde_json::Value = serde_json::from_str(&stdout).expect("json");
     assert_eq!(list["kind"], "List");
-    // 1 cluster shard, 2 zones x 1 zone shard, 2 node plans.
-    assert_eq!(list["items"].as_array().map(Vec::len), Some(5));
+    // 2 node plans, 5 Service plans: a small cluster has a few small objects.
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(7));
 }
 
 #[test]
@@ -90,7 +76,7 @@ fn unusable_objects_are_reported_with_their_source_and_exit_3() {
     )
     .expect("write state");
     let path = file.display().to_string();
-    let (code, _, stderr) = plan(&["--state", &path, "--cluster-shards", "1"]);
+    let (code, _, stderr) = plan(&["--state", &path]);
     assert_eq!(code, 3, "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(

@@ -1,7 +1,7 @@
 //! Planner tables: cluster state in, what each node's agent programs out.
 //!
-//! Every case feeds Kubernetes objects to the [`Planner`], merges a node's plan with the
-//! shards it references (exactly what the agent does) and asserts on the merged entries.
+//! Every case feeds Kubernetes objects to the [`Planner`], merges a node's plan with every
+//! Service plan (exactly what the agent does) and asserts on the merged entries.
 //! The semantics are kube-proxy's (`pkg/proxy/topology.go` `CategorizeEndpoints`,
 //! `endpointslicecache.go`, `serviceport.go`); DESIGN §3 lists them.
 
@@ -1213,14 +1213,17 @@ fn services_the_proxy_must_ignore_produce_nothing() {
 #[test]
 fn service_becoming_ignored_is_removed() {
     let mut p = cluster(&[web()], &[web_slice("web-1", vec![ep("10.0.0.1")])]);
-    let shard = shard_holding(&p, "node-a", WEB);
+    let shard = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
     let err = p
         .apply_service(&web().label("service.kubernetes.io/service-proxy-name", "other"))
         .err();
     assert!(matches!(err, Some(ObjectError::Ignored { .. })), "{err:?}");
     assert_eq!(keys(&view(&p, "node-a")), Vec::<String>::new());
-    assert_eq!(touched(&p.take_changes()), set(&[&shard]));
+    assert_eq!(
+        touched(&p.take_changes()),
+        set(&[&format!("delete {shard}")])
+    );
     // Handed back: planned again.
     load(&mut p, &[], &[web()], &[]);
     assert_eq!(
@@ -1441,7 +1444,7 @@ fn invalid_scalar_cluster_ip_names_the_field() {
 fn masquerade_decisions() {
     let config = |cidrs: &[&str], all: bool, mode: LocalTrafficMode| {
         let cidrs: Vec<String> = cidrs.iter().map(|c| (*c).to_owned()).collect();
-        match PlannerConfig::new(&cidrs, all, mode, 32, 4) {
+        match PlannerConfig::new(&cidrs, all, mode) {
             Ok(c) => c,
             Err(err) => panic!("config refused: {err}"),
         }
@@ -1534,16 +1537,15 @@ fn masquerade_decisions() {
 fn planner_config_validation() {
     let s = |list: &[&str]| list.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>();
     let mode = LocalTrafficMode::ClusterCIDR;
-    match PlannerConfig::new(&s(&["10.244.1.7/16,fd00:244::1/56"]), false, mode, 8, 2) {
+    match PlannerConfig::new(&s(&["10.244.1.7/16,fd00:244::1/56"]), false, mode) {
         Ok(c) => {
             assert_eq!(c.cluster_cidrs, ["10.244.0.0/16", "fd00:244::/56"]);
             assert!(c.detects_local_traffic(IpFamily::IPv4));
             assert!(c.detects_local_traffic(IpFamily::IPv6));
-            assert_eq!((c.cluster_shards, c.zone_shards), (8, 2));
         }
         Err(err) => panic!("refused: {err}"),
     }
-    match PlannerConfig::new(&s(&["10.244.0.0/16"]), false, mode, 8, 2) {
+    match PlannerConfig::new(&s(&["10.244.0.0/16"]), false, mode) {
         Ok(c) => {
             assert!(c.detects_local_traffic(IpFamily::IPv4));
             assert!(!c.detects_local_traffic(IpFamily::IPv6));
@@ -1551,30 +1553,16 @@ fn planner_config_validation() {
         Err(err) => panic!("refused: {err}"),
     }
     assert!(matches!(
-        PlannerConfig::new(&s(&["10.244.0.0/16", "10.245.0.0/16"]), false, mode, 8, 2),
+        PlannerConfig::new(&s(&["10.244.0.0/16", "10.245.0.0/16"]), false, mode),
         Err(ConfigError::TooManyCidrs(_))
     ));
     assert!(matches!(
-        PlannerConfig::new(&s(&["10.244.0.0/33"]), false, mode, 8, 2),
+        PlannerConfig::new(&s(&["10.244.0.0/33"]), false, mode),
         Err(ConfigError::ClusterCidr(_))
     ));
     assert!(matches!(
-        PlannerConfig::new(&s(&["banana"]), false, mode, 8, 2),
+        PlannerConfig::new(&s(&["banana"]), false, mode),
         Err(ConfigError::ClusterCidr(_))
-    ));
-    assert!(matches!(
-        PlannerConfig::new(&[], false, mode, 0, 2),
-        Err(ConfigError::ShardCount {
-            flag: "--cluster-shards",
-            value: 0
-        })
-    ));
-    assert!(matches!(
-        PlannerConfig::new(&[], false, mode, 8, 2000),
-        Err(ConfigError::ShardCount {
-            flag: "--zone-shards",
-            value: 2000
-        })
     ));
 }
 
@@ -1595,7 +1583,7 @@ fn local_traffic_detection_in_the_node_plan() {
         ),
     ];
     for (mode, expected) in cases {
-        let config = match PlannerConfig::new(&cidrs, false, mode, 4, 2) {
+        let config = match PlannerConfig::new(&cidrs, false, mode) {
             Ok(c) => c,
             Err(err) => panic!("refused: {err}"),
         };
@@ -1613,12 +1601,7 @@ fn local_traffic_detection_in_the_node_plan() {
 // Nodes
 
 #[test]
-fn node_changing_zone_changes_its_shard_references() {
-    let zone_shards = |zone: &str| -> Vec<String> {
-        (0..4)
-            .map(|n| ObjectId::ZoneShard(zone.to_owned(), n).name())
-            .collect()
-    };
+fn node_changing_zone_changes_its_plan_and_the_zone_list_it_merges() {
     let hinted = web_slice(
         "web-1",
         vec![
@@ -1627,47 +1610,37 @@ fn node_changing_zone_changes_its_shard_references() {
         ],
     );
     let mut p = cluster(&[web()], &[hinted]);
-    let (plan, _) = p.node_view("node-a").unwrap_or_else(|| panic!("no plan"));
-    let refs: Vec<String> = plan.spec.shards.iter().map(|s| s.name.clone()).collect();
-    let clusters = p.config().cluster_shards as usize;
-    assert_eq!(
-        refs[..clusters],
-        (0..clusters)
-            .map(|n| format!("cluster-{n}"))
-            .collect::<Vec<_>>()[..]
-    );
-    assert_eq!(refs[clusters..], zone_shards("zone-1")[..]);
+    let (plan, services) = p.node_view("node-a").unwrap_or_else(|| panic!("no plan"));
+    assert_eq!(plan.spec.zone.as_deref(), Some("zone-1"));
+    // The Service plan carries a list per hinted zone; the node merges its own.
+    let zones: Vec<&str> = services[0].spec.service_ports[0]
+        .zone_endpoints
+        .iter()
+        .map(|z| z.zone.as_str())
+        .collect();
+    assert_eq!(zones, ["zone-1", "zone-2"]);
     assert_eq!(
         entry(&view(&p, "node-a"), WEB).cluster_endpoints,
         eps(&[("10.0.1.1", 8080)])
     );
     drain(&mut p);
 
-    // node-a moves to zone-2, which has nodes already; zone-1 keeps node-b and node-f.
+    // node-a moves to zone-2: only its plan changes.
     load(&mut p, &[mk_node("node-a").zone("zone-2")], &[], &[]);
     let changes = p.take_changes();
     assert_eq!(touched(&changes), set(&["plan/node-a"]));
     let (plan, _) = p.node_view("node-a").unwrap_or_else(|| panic!("no plan"));
     assert_eq!(plan.spec.zone.as_deref(), Some("zone-2"));
-    let refs: Vec<String> = plan.spec.shards.iter().map(|s| s.name.clone()).collect();
-    assert_eq!(refs[clusters..], zone_shards("zone-2")[..]);
     assert_eq!(
         entry(&view(&p, "node-a"), WEB).cluster_endpoints,
         eps(&[("10.0.2.1", 8080)])
     );
 
-    // node-e is alone in zone-3 and moves to a new zone-9: zone-3's shards go, zone-9's
-    // come.
+    // node-e moves to a zone no endpoint is hinted for: every endpoint; only its plan
+    // is written (no per-zone object comes or goes).
     load(&mut p, &[mk_node("node-e").zone("zone-9")], &[], &[]);
     let changes = p.take_changes();
-    let mut expected = vec!["plan/node-e".to_owned()];
-    expected.extend(zone_shards("zone-9").iter().map(|n| format!("shard/{n}")));
-    expected.extend(
-        zone_shards("zone-3")
-            .iter()
-            .map(|n| format!("delete shard/{n}")),
-    );
-    assert_eq!(touched(&changes), expected.into_iter().collect());
+    assert_eq!(touched(&changes), set(&["plan/node-e"]));
     let merged = view(&p, "node-e");
     assert_eq!(
         entry(&merged, WEB).cluster_endpoints,
@@ -1683,17 +1656,13 @@ fn deleted_node_loses_its_plan() {
     let changes = p.take_changes();
     assert!(changes.apply.is_empty());
     assert!(deleted(&changes).contains(&ObjectId::Plan("node-a".to_owned())));
-    assert_eq!(deleted(&changes).len(), 1, "zone-1 still has nodes");
+    assert_eq!(deleted(&changes).len(), 1);
     assert!(p.node_view("node-a").is_none());
 
-    // The last node of zone-3: its zone shards go too.
+    // The last node of zone-3: nothing else goes (nothing is per zone).
     p.delete_node("node-e");
     let gone = deleted(&p.take_changes());
-    let mut expected: std::collections::BTreeSet<ObjectId> = (0..4)
-        .map(|n| ObjectId::ZoneShard("zone-3".to_owned(), n))
-        .collect();
-    expected.insert(ObjectId::Plan("node-e".to_owned()));
-    assert_eq!(gone, expected);
+    assert_eq!(gone, [ObjectId::Plan("node-e".to_owned())].into());
 }
 
 #[test]
@@ -1829,7 +1798,7 @@ fn cluster_policy_endpoint_change_writes_one_shard() {
             vec![ep("10.0.0.1").on("node-a"), ep("10.0.0.2").on("node-b")],
         )],
     );
-    let shard = shard_holding(&p, "node-a", WEB);
+    let shard = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
     let cases = [
         (
@@ -1866,7 +1835,7 @@ fn local_policy_endpoint_move_writes_only_the_nodes_involved() {
             vec![ep("10.0.0.1").on("node-a"), ep("10.0.0.3").on("node-c")],
         )],
     );
-    let shard = shard_holding(&p, "node-a", WEB);
+    let shard = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
 
     // The pod on node-a is replaced by one on node-b.
@@ -1908,8 +1877,10 @@ fn local_policy_endpoint_move_writes_only_the_nodes_involved() {
     assert_eq!(entry(&merged, WEB).local_endpoints, eps(&[E2]));
 }
 
+/// A zone-hinted endpoint change writes the Service's own plan (whose zone lists carry
+/// it) and no node plan.
 #[test]
-fn zone_hint_change_writes_only_that_zone() {
+fn zone_hint_change_writes_only_the_service_plan() {
     let hinted = |z2_ip: &str| {
         web_slice(
             "web-1",
@@ -1921,17 +1892,11 @@ fn zone_hint_change_writes_only_that_zone() {
         )
     };
     let mut p = cluster(&[web()], &[hinted("10.0.2.1")]);
-    let shard = shard_holding(&p, "node-a", WEB);
+    let shard = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
     load(&mut p, &[], &[], &[hinted("10.0.2.2")]);
     let written = touched(&p.take_changes());
-    let zone2: Vec<&String> = written
-        .iter()
-        .filter(|o| o.starts_with("shard/zone-zone-2-"))
-        .collect();
-    assert_eq!(zone2.len(), 1, "{written:?}");
-    let expected = set(&[&shard, zone2[0]]);
-    assert_eq!(written, expected);
+    assert_eq!(written, set(&[&shard]));
     assert_eq!(
         entry(&view(&p, "node-c"), WEB).cluster_endpoints,
         eps(&[("10.0.2.2", 8080)])
@@ -1953,7 +1918,7 @@ fn node_hint_change_writes_only_that_node() {
         &[web().traffic_distribution("PreferSameNode")],
         &[hinted("10.0.1.2")],
     );
-    let shard = shard_holding(&p, "node-a", WEB);
+    let shard = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
     load(&mut p, &[], &[], &[hinted("10.0.1.3")]);
     assert_eq!(touched(&p.take_changes()), set(&["plan/node-b", &shard]));
@@ -1969,9 +1934,9 @@ fn node_hint_change_writes_only_that_node() {
 }
 
 #[test]
-fn hint_reassignment_writes_no_cluster_shard() {
-    // Same endpoints, hints moved: the cluster entries do not change, so only the zone
-    // shards (zone hints) or node plans (node hints) concerned are written.
+fn hint_reassignment_writes_only_what_carries_the_hints() {
+    // Same endpoints, hints moved: zone hints live in the Service plan's zone lists (one
+    // object written), node hints in the node plans concerned.
     let zoned = |second_zone: &str| {
         web_slice(
             "web-1",
@@ -1982,14 +1947,11 @@ fn hint_reassignment_writes_no_cluster_shard() {
         )
     };
     let mut p = cluster(&[web()], &[zoned("zone-2")]);
+    let own = service_plan_holding(&p, "node-a", WEB);
     drain(&mut p);
     load(&mut p, &[], &[], &[zoned("zone-1")]);
     let written = touched(&p.take_changes());
-    assert!(
-        !written.is_empty() && written.iter().all(|o| o.starts_with("shard/zone-zone-")),
-        "{written:?}"
-    );
-    assert!(written.len() <= 2, "{written:?}");
+    assert_eq!(written, set(&[&own]));
     assert_eq!(
         entry(&view(&p, "node-c"), WEB).cluster_endpoints,
         eps(&[("10.0.1.1", 8080), ("10.0.2.1", 8080)])

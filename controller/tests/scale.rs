@@ -11,7 +11,7 @@ use proxyplan_controller::synthetic::{
     EndpointChange, ServiceKind, SyntheticCluster, SyntheticSpec,
 };
 use proxyplan_controller::{Changes, DesiredObject, Planner};
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard, ShardScope, merge};
+use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan, merge, object_key};
 
 const FEW_NODES: usize = 200;
 const MANY_NODES: usize = 2_000;
@@ -37,7 +37,7 @@ struct Fixture {
     cluster: SyntheticCluster,
     planner: Planner,
     plans: BTreeMap<String, NodeProxyPlan>,
-    shards: BTreeMap<String, ProxyPlanShard>,
+    services: BTreeMap<String, ServiceProxyPlan>,
 }
 
 impl Fixture {
@@ -52,10 +52,10 @@ impl Fixture {
             cluster,
             planner,
             plans: BTreeMap::new(),
-            shards: BTreeMap::new(),
+            services: BTreeMap::new(),
         };
         let changed = fixture.absorb(changes);
-        assert_eq!(changed.len(), fixture.plans.len() + fixture.shards.len());
+        assert_eq!(changed.len(), fixture.plans.len() + fixture.services.len());
         fixture
     }
 
@@ -72,10 +72,10 @@ impl Fixture {
     fn absorb(&mut self, changes: Changes) -> Changed {
         let mut changed = Changed::default();
         for id in changes.delete {
-            changed.deleted.insert(id.name());
+            changed.deleted.insert(id.qualified_name());
         }
         for object in changes.apply {
-            let name = object.name().to_owned();
+            let name = object.qualified_name();
             match object {
                 DesiredObject::Plan(plan) => {
                     let old = self.plans.insert(name.clone(), plan.clone());
@@ -83,10 +83,10 @@ impl Fixture {
                         changed.plans.insert(name);
                     }
                 }
-                DesiredObject::Shard(shard) => {
-                    let old = self.shards.insert(name.clone(), shard.clone());
-                    if old.map(|o| o.spec.revision) != Some(shard.spec.revision.clone()) {
-                        changed.shards.insert(name, shard);
+                DesiredObject::Service(service) => {
+                    let old = self.services.insert(name.clone(), service.clone());
+                    if old.map(|o| o.spec.revision) != Some(service.spec.revision.clone()) {
+                        changed.services.insert(name, service);
                     }
                 }
             }
@@ -97,7 +97,7 @@ impl Fixture {
     fn services_of_kind(&self, kind: ServiceKind, count: usize) -> Vec<usize> {
         let all: Vec<usize> = self.cluster.services_of_kind(kind).collect();
         assert!(all.len() >= count, "too few {kind:?} Services");
-        // Spread over the whole list (and so over every shard).
+        // Spread over the whole list.
         (0..count).map(|k| all[k * all.len() / count]).collect()
     }
 
@@ -111,21 +111,31 @@ impl Fixture {
         )
     }
 
-    fn shard_list(&self) -> Vec<ProxyPlanShard> {
-        self.shards.values().cloned().collect()
+    /// `namespace/name` of Service `index`: the name of its Service plan.
+    fn service_plan_name(&self, index: usize) -> String {
+        let meta = &self.cluster.services[index].metadata;
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap(),
+            meta.name.as_deref().unwrap()
+        )
+    }
+
+    fn service_list(&self) -> Vec<ServiceProxyPlan> {
+        self.services.values().cloned().collect()
     }
 }
 
 #[derive(Debug, Default)]
 struct Changed {
     plans: BTreeSet<String>,
-    shards: BTreeMap<String, ProxyPlanShard>,
+    services: BTreeMap<String, ServiceProxyPlan>,
     deleted: BTreeSet<String>,
 }
 
 impl Changed {
     fn len(&self) -> usize {
-        self.plans.len() + self.shards.len() + self.deleted.len()
+        self.plans.len() + self.services.len() + self.deleted.len()
     }
 }
 
@@ -142,31 +152,28 @@ fn largest<'a, T: serde::Serialize + 'a>(
         .unwrap()
 }
 
-const CLUSTER_SHARDS: usize = proxyplan_controller::config::DEFAULT_CLUSTER_SHARDS as usize;
-const ZONE_SHARDS: usize = proxyplan_controller::config::DEFAULT_ZONE_SHARDS as usize;
-
 #[test]
 fn no_object_exceeds_1_mib_and_none_grows_with_the_node_count() {
     let [few, many] = NODE_COUNTS.map(Fixture::new);
-    let mut largest_shards = Vec::new();
+    let mut largest_services = Vec::new();
     let mut largest_plans = Vec::new();
     for fixture in [&few, &many] {
-        let shard = largest(fixture.shards.iter());
+        let service = largest(fixture.services.iter());
         let plan = largest(fixture.plans.iter());
-        for (name, size) in [&shard, &plan] {
+        for (name, size) in [&service, &plan] {
             assert!(*size < ONE_MIB, "{name} is {size} bytes");
         }
-        // The shard set depends on the zones, not on the nodes.
-        assert_eq!(fixture.shards.len(), CLUSTER_SHARDS + 10 * ZONE_SHARDS);
-        largest_shards.push(shard);
+        // One Service plan per Service, whatever the nodes and zones.
+        assert_eq!(fixture.services.len(), fixture.cluster.services.len());
+        largest_services.push(service);
         largest_plans.push(plan);
     }
     // Same Services at both node counts; only the endpoint IPs differ (pod CIDRs are
-    // sized by endpoints per node), which may change a shard's length by a few bytes.
-    let (few_shard, many_shard) = (&largest_shards[0], &largest_shards[1]);
+    // sized by endpoints per node), which may change a Service plan by a few bytes.
+    let (few_service, many_service) = (&largest_services[0], &largest_services[1]);
     assert!(
-        many_shard.1 <= few_shard.1 + few_shard.1 / 50,
-        "largest shard grew from {few_shard:?} at {FEW_NODES} nodes to {many_shard:?} at {MANY_NODES}"
+        many_service.1 <= few_service.1 + few_service.1 / 50,
+        "largest Service plan grew from {few_service:?} at {FEW_NODES} nodes to {many_service:?} at {MANY_NODES}"
     );
     // A node plan holds only its own node's overlay: more nodes, fewer endpoints each.
     let (few_plan, many_plan) = (&largest_plans[0], &largest_plans[1]);
@@ -174,11 +181,10 @@ fn no_object_exceeds_1_mib_and_none_grows_with_the_node_count() {
         many_plan.1 <= few_plan.1,
         "largest node plan grew from {few_plan:?} at {FEW_NODES} nodes to {many_plan:?} at {MANY_NODES}"
     );
-    // Every cluster shard carries the same service ports at both node counts.
+    // Every Service plan carries the same service ports at both node counts.
     let keys = |f: &Fixture| -> BTreeMap<String, Vec<String>> {
-        f.shards
+        f.services
             .iter()
-            .filter(|(_, s)| s.spec.scope == ShardScope::Cluster)
             .map(|(n, s)| {
                 let keys = s.spec.service_ports.iter().map(|e| e.key.clone()).collect();
                 (n.clone(), keys)
@@ -188,31 +194,41 @@ fn no_object_exceeds_1_mib_and_none_grows_with_the_node_count() {
     assert_eq!(keys(&few), keys(&many));
 }
 
+/// DESIGN §2 invariant 2: an endpoint change of an ordinary Service writes one object,
+/// its own Service plan, whatever the node count; and that object is no more than twice
+/// the size of the EndpointSlice that changed (what kube-proxy receives for the same
+/// change), so the bytes every agent receives match kube-proxy's.
 #[test]
-fn cluster_policy_endpoint_change_writes_one_shard_at_any_node_count() {
+fn cluster_policy_endpoint_change_writes_its_own_service_plan_at_any_node_count() {
     let mut counts = Vec::new();
     for nodes in NODE_COUNTS {
         let mut fixture = Fixture::new(nodes);
         let mut per_change = Vec::new();
         for service in fixture.services_of_kind(ServiceKind::Cluster, CHANGES) {
             let prefix = fixture.key_prefix(service);
+            let own = fixture.service_plan_name(service);
             let (change, changed) = fixture.move_endpoint(service);
             assert!(
                 changed.plans.is_empty() && changed.deleted.is_empty(),
                 "{changed:?}"
             );
-            let [(name, shard)] = changed.shards.iter().collect::<Vec<_>>()[..] else {
+            let [(name, plan)] = changed.services.iter().collect::<Vec<_>>()[..] else {
                 panic!("{nodes} nodes, {prefix}: changed {changed:?}");
             };
-            assert_eq!(shard.spec.scope, ShardScope::Cluster, "{name}");
+            assert_eq!(name, &own);
             let added = change.added.ip.to_string();
-            let entry = shard
+            let entry = plan
                 .spec
                 .service_ports
                 .iter()
                 .find(|e| e.key.starts_with(&prefix))
                 .unwrap();
             assert!(entry.cluster_endpoints.iter().any(|e| e.ip == added));
+            let (object, slice) = (json_size(plan), json_size(&change.slice));
+            assert!(
+                object <= 2 * slice,
+                "{own}: the Service plan is {object} bytes, the slice {slice} bytes"
+            );
             per_change.push(changed.len());
         }
         counts.push(per_change);
@@ -232,12 +248,11 @@ fn local_policy_endpoint_change_writes_only_the_nodes_involved() {
                 [change.removed.node.clone(), change.added.node.clone()].into();
             assert_eq!(changed.plans, involved, "{nodes} nodes, {prefix}");
             assert!(changed.deleted.is_empty());
-            assert!(changed.shards.len() <= 1, "{:?}", changed.shards.keys());
+            let own = fixture.service_plan_name(service);
             assert!(
-                changed
-                    .shards
-                    .values()
-                    .all(|s| s.spec.scope == ShardScope::Cluster)
+                changed.services.keys().all(|name| *name == own),
+                "{:?}",
+                changed.services.keys()
             );
             // The new node serves the new endpoint locally; the old one no longer has
             // the old endpoint.
@@ -257,30 +272,29 @@ fn local_policy_endpoint_change_writes_only_the_nodes_involved() {
     }
 }
 
+/// DESIGN §2 invariant 3 for zone hints: a zone-hinted endpoint change writes no node
+/// plan, only the Service's own plan (O(1) shared objects), whose zone lists carry the
+/// zones involved.
 #[test]
-fn zone_hinted_endpoint_change_writes_only_the_zones_involved() {
+fn zone_hinted_endpoint_change_writes_only_its_own_service_plan() {
     for nodes in NODE_COUNTS {
         let mut fixture = Fixture::new(nodes);
         for service in fixture.services_of_kind(ServiceKind::ZoneHinted, CHANGES) {
+            let own = fixture.service_plan_name(service);
             let (change, changed) = fixture.move_endpoint(service);
             assert!(
                 changed.plans.is_empty() && changed.deleted.is_empty(),
                 "{changed:?}"
             );
-            let mut cluster_shards = 0;
-            let mut zones = BTreeSet::new();
-            for shard in changed.shards.values() {
-                match shard.spec.scope {
-                    ShardScope::Cluster => cluster_shards += 1,
-                    ShardScope::Zone => {
-                        assert!(zones.insert(shard.spec.zone.clone().unwrap()));
-                    }
-                }
-            }
-            assert!(cluster_shards <= 1);
-            let involved: BTreeSet<String> =
-                [change.removed.zone.clone(), change.added.zone.clone()].into();
-            assert_eq!(zones, involved, "{nodes} nodes");
+            let names: Vec<&String> = changed.services.keys().collect();
+            assert_eq!(names, [&own], "{nodes} nodes");
+            let zones: BTreeSet<String> = changed.services[&own]
+                .spec
+                .service_ports
+                .iter()
+                .flat_map(|e| e.zone_endpoints.iter().map(|z| z.zone.clone()))
+                .collect();
+            assert!(zones.contains(&change.added.zone), "{zones:?}");
         }
     }
 }
@@ -323,48 +337,43 @@ fn exactly_one_node_proxy_plan_per_node() {
             );
         }
         // The planner's own idea of what exists agrees.
-        let plans_in_ids = fixture
+        let plans_in_all = fixture
             .planner
-            .all_ids()
+            .all_objects()
             .iter()
-            .filter(|id| !id.is_shard())
+            .filter(|o| matches!(o, DesiredObject::Plan(_)))
             .count();
-        assert_eq!(plans_in_ids, nodes);
+        assert_eq!(plans_in_all, nodes);
     }
 }
 
-/// Full merges cost ~40 ms per plan in a debug build (every cluster shard entry is
-/// validated again for each plan), so at 2,000 nodes every plan gets the cheap
-/// structural checks and one in `MERGE_STRIDE` the full merge.
+/// Full merges cost ~40 ms per plan in a debug build (every entry is validated again for
+/// each plan), so at 2,000 nodes every plan gets the cheap structural checks and one in
+/// `MERGE_STRIDE` the full merge.
 const MERGE_STRIDE: usize = 8;
 
 #[test]
-fn every_node_plan_merges_with_its_shards() {
+fn every_node_plan_merges_with_the_service_plans() {
     for nodes in NODE_COUNTS {
         let fixture = Fixture::new(nodes);
-        let shards = fixture.shard_list();
-        let entries: usize = shards.iter().map(|s| s.spec.service_ports.len()).sum();
-        let keys: BTreeSet<&str> = shards
+        let services = fixture.service_list();
+        for object in &services {
+            assert_eq!(
+                fixture.services.get(&object_key(object)).map(|s| &s.spec),
+                Some(&object.spec)
+            );
+        }
+        let entries: usize = services.iter().map(|s| s.spec.service_ports.len()).sum();
+        let keys: BTreeSet<&str> = services
             .iter()
             .flat_map(|s| &s.spec.service_ports)
             .map(|e| e.key.as_str())
             .collect();
-        // Structural checks, every plan: the shards it names exist and are of its zone,
-        // and its overlay overrides existing entries.
+        // Structural checks, every plan: it has a zone, and its overlay overrides
+        // existing entries.
         for (name, plan) in &fixture.plans {
             let zone = plan.spec.zone.as_ref();
             assert!(zone.is_some(), "{name}: no zone");
-            assert_eq!(
-                plan.spec.shards.len(),
-                CLUSTER_SHARDS + ZONE_SHARDS,
-                "{name}"
-            );
-            for shard_ref in &plan.spec.shards {
-                let shard = &fixture.shards[&shard_ref.name];
-                if shard.spec.scope == ShardScope::Zone {
-                    assert_eq!(shard.spec.zone.as_ref(), zone, "{name}: {}", shard_ref.name);
-                }
-            }
             for o in &plan.spec.overlay {
                 assert!(keys.contains(o.key.as_str()), "{name}: overlay {}", o.key);
             }
@@ -376,13 +385,19 @@ fn every_node_plan_merges_with_its_shards() {
         let plans: Vec<&NodeProxyPlan> = fixture.plans.values().step_by(stride).collect();
         std::thread::scope(|scope| {
             for half in plans.chunks(plans.len().div_ceil(2)) {
-                let (shards, expected) = (&shards, &expected);
+                let (services, expected) = (&services, &expected);
                 scope.spawn(move || {
                     for plan in half {
                         let name = &plan.spec.node_name;
-                        let merged = merge(plan, shards)
+                        let merged = merge(plan, services)
                             .unwrap_or_else(|e| panic!("{nodes} nodes, {name}: {e}"));
                         assert_eq!(merged.service_ports.len(), entries, "{name}");
+                        assert!(merged.refused.is_empty(), "{name}: {:?}", merged.refused);
+                        assert!(
+                            merged.unmatched.is_empty(),
+                            "{name}: {:?}",
+                            merged.unmatched
+                        );
                         let zone = plan.spec.zone.as_deref().unwrap();
                         for entry in &merged.service_ports {
                             expected.check(name, zone, entry);

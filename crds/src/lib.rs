@@ -1,20 +1,23 @@
-//! The proxyplan API: `NodeProxyPlan` (one per node) and `ProxyPlanShard` (service port
-//! entries shared by every node, or by the nodes of one zone).
+//! The proxyplan API: `NodeProxyPlan` (one per node) and `ServiceProxyPlan` (the final
+//! service port entries of one Service, shared by every node).
 //!
 //! The controller writes specs; the agent merges, for its node, the node overlay over its
-//! zone's shards over the cluster shards, by service port key, and never evaluates policy.
+//! zone's endpoint lists over each Service's entries, by service port key, and never
+//! evaluates policy.
 //!
 //! Scale invariants (DESIGN §2) shape these types:
-//! - a node plan names its shards but not their revisions, so an endpoint change that only
-//!   rewrites a shard does not rewrite every node plan;
-//! - overlays carry only the endpoint lists that differ on a node or zone, never a full entry;
+//! - one `ServiceProxyPlan` per Service (in the Service's namespace, named after it), so an
+//!   endpoint change rewrites one object about the size of the EndpointSlice that changed,
+//!   and a small cluster has a few small objects;
+//! - a node plan names no Service: an endpoint change of an ordinary Service rewrites no
+//!   node plan;
+//! - overlays carry only the endpoint lists that differ on a node, never a full entry;
 //! - nothing here lists nodes, so no object grows with the node count.
 
+pub mod lenient;
 mod revision;
 pub mod runtime;
 mod validate;
-
-use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -22,7 +25,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use revision::{revision_of, stable_hash};
-pub use validate::{MergeCache, MergedPlan, PlanError, merge, merge_cached, merge_owned};
+pub use validate::{
+    MergeCache, MergedPlan, PlanError, merge, merge_cached, merge_owned, object_key,
+};
 
 /// API group of every proxyplan kind.
 pub const GROUP: &str = "proxyplan.dev";
@@ -32,38 +37,30 @@ pub const VERSION: &str = "v1alpha1";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`].
 pub const MANAGED_BY: &str = "proxyplan-controller";
-/// Label on a shard naming its scope (`cluster` or `zone`).
-pub const SCOPE_LABEL: &str = "proxyplan.dev/scope";
-/// Label on a zone shard naming the zone, as [`zone_slug`] spells it. Agents watch
-/// `proxyplan.dev/scope=cluster` plus `proxyplan.dev/zone=<zone_slug(their zone)>`.
-pub const ZONE_LABEL: &str = "proxyplan.dev/zone";
+/// Label on a `ServiceProxyPlan` naming its Service (a large Service's entries may be
+/// spread over several objects, `<service>` and `<service>.<n>`).
+pub const SERVICE_LABEL: &str = "proxyplan.dev/service";
 
-/// A zone spelled for object names and label values: lowercase letters, digits and
-/// dashes, with a hash suffix when anything had to change or it is long.
-#[must_use]
-pub fn zone_slug(zone: &str) -> String {
-    let slug: String = zone
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let slug = slug.trim_matches('-');
-    if slug == zone && slug.len() <= 40 {
-        slug.to_owned()
-    } else {
-        let short: String = slug.chars().take(40).collect();
-        let hash = stable_hash(zone.as_bytes()) & 0xffff_ffff;
-        format!("{}-{hash:08x}", short.trim_matches('-'))
-    }
-}
+/// Most endpoints one list may hold (`clusterEndpoints`, `localEndpoints`, a zone's list);
+/// the controller keeps the first ones by address and raises a Warning Event on the
+/// Service beyond that.
+pub const MAX_ENDPOINTS: usize = 32_768;
+/// Most `externalIPs` of one entry.
+pub const MAX_EXTERNAL_IPS: usize = 1_024;
+/// Most load-balancer IPs of one entry.
+pub const MAX_LOAD_BALANCER_IPS: usize = 256;
+/// Most `loadBalancerSourceRanges` of one entry.
+pub const MAX_SOURCE_RANGES: usize = 1_024;
+/// Most zone lists of one entry.
+pub const MAX_ZONES: usize = 256;
+/// Largest serialized `ServiceProxyPlan` the controller writes: a Service whose entries
+/// do not fit in one is spread over several (etcd refuses objects over 1.5 MiB; this
+/// keeps every object well under 1 MiB with its metadata).
+pub const MAX_OBJECT_BYTES: usize = 768 * 1024;
 
-/// Desired proxy state of one node: its identity and masquerade inputs, the shards it must
-/// merge and the entries whose endpoint lists differ on this node.
+/// Desired proxy state of one node: its identity and masquerade inputs, and the entries
+/// whose endpoint lists differ on this node. The Services themselves are in the
+/// `ServiceProxyPlan`s every node merges.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[kube(
     group = "proxyplan.dev",
@@ -85,7 +82,8 @@ pub struct NodeProxyPlanSpec {
     #[schemars(length(min = 1, max = 253))]
     pub node_name: String,
     /// Content hash of everything else in this spec; changes when, and only when, the
-    /// node-specific part of the plan changes. Shard revisions live in the shards.
+    /// node-specific part of the plan changes. Service revisions live in the
+    /// `ServiceProxyPlan`s.
     #[schemars(length(min = 1, max = 64))]
     pub revision: String,
     /// The node's `topology.kubernetes.io/zone` label, if any.
@@ -106,9 +104,6 @@ pub struct NodeProxyPlanSpec {
     pub addresses: Vec<String>,
     /// Which traffic counts as coming from inside the cluster, for masquerade decisions.
     pub local_traffic: LocalTrafficDetection,
-    /// Shards this node merges, cluster shards first, then its zone's shards.
-    #[schemars(length(max = 1024))]
-    pub shards: Vec<ShardRef>,
     /// Endpoint lists that differ on this node (Local traffic policies, PreferSameNode
     /// hints). Sorted by key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -140,15 +135,6 @@ pub enum LocalTrafficMode {
     NodeCIDR,
 }
 
-/// A shard a node must merge.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ShardRef {
-    /// Name of the `ProxyPlanShard`.
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
-}
-
 /// Status written by the node's agent.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -159,9 +145,6 @@ pub struct NodeProxyPlanStatus {
     /// The plan revision last applied to the kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_revision: Option<String>,
-    /// Revisions of the shards last applied, by shard name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub applied_shards: BTreeMap<String, String>,
     /// Service ports programmed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_ports: Option<u32>,
@@ -179,45 +162,28 @@ pub struct NodeProxyPlanStatus {
     pub agent_version: Option<String>,
 }
 
-/// Service port entries shared by all nodes (scope `Cluster`) or by the nodes of one zone
-/// (scope `Zone`). Service ports are spread over shards by a stable hash of their Service.
+/// The final service port entries of one Service, shared by every node: what each node
+/// captures and where it sends it. Named after the Service, in its namespace (a Service
+/// too large for one object continues in `<name>.1`, `<name>.2`, ...).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[kube(
     group = "proxyplan.dev",
     version = "v1alpha1",
-    kind = "ProxyPlanShard",
-    shortname = "pps",
-    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
-    printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.zone"}"#,
+    kind = "ServiceProxyPlan",
+    namespaced,
+    shortname = "spp",
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-pub struct ProxyPlanShardSpec {
-    /// Who merges this shard.
-    pub scope: ShardScope,
-    /// The zone, for scope `Zone`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub zone: Option<String>,
+pub struct ServiceProxyPlanSpec {
     /// Content hash of everything else in this spec.
     #[schemars(length(min = 1, max = 64))]
     pub revision: String,
-    /// Full service port entries (cluster shards only). Sorted by key.
+    /// Full service port entries, sorted by key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
     pub service_ports: Vec<ServicePortPlan>,
-    /// Endpoint lists that differ in this zone (zone shards only). Sorted by key.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub overrides: Vec<EndpointOverride>,
-}
-
-/// Who merges a shard.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-pub enum ShardScope {
-    /// Every node.
-    Cluster,
-    /// The nodes of one zone.
-    Zone,
 }
 
 /// One service port of one IP family, fully decided: what to capture, where to send it,
@@ -248,12 +214,12 @@ pub struct ServicePortPlan {
     pub cluster_ip: String,
     /// `spec.externalIPs` of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]
+    #[schemars(length(max = 1024), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]
     #[serde(rename = "externalIPs")]
     pub external_ips: Vec<String>,
     /// Load-balancer ingress IPs of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 256))]
     #[serde(rename = "loadBalancerIPs")]
     pub load_balancer_ips: Vec<LoadBalancerIp>,
     /// Node port, when the Service has one.
@@ -263,7 +229,7 @@ pub struct ServicePortPlan {
     /// Only these sources may reach the load-balancer IPs (empty: any source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
-        length(max = 256),
+        length(max = 1024),
         inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
     )]
     pub load_balancer_source_ranges: Vec<String>,
@@ -280,17 +246,35 @@ pub struct ServicePortPlan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<TrafficPlan>,
     /// Endpoints for `Cluster` policy and for short-circuited traffic: ready endpoints
-    /// after topology filtering, or serving-and-terminating ones when none are ready.
+    /// (or serving-and-terminating ones when none are ready), for a node without a zone
+    /// list below.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 5000))]
+    #[schemars(length(max = 32768))]
     pub cluster_endpoints: Vec<Endpoint>,
-    /// Endpoints for `Local` policy: this node's endpoints. Always empty in a shard; a
-    /// node overlay fills it on nodes that have local endpoints.
+    /// `clusterEndpoints` for the nodes of a zone, where topology hints make them differ
+    /// (`trafficDistribution: PreferClose` and the like). Sorted by zone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 5000))]
+    #[schemars(length(max = 256))]
+    pub zone_endpoints: Vec<ZoneEndpoints>,
+    /// Endpoints for `Local` policy: this node's endpoints. Always empty in a
+    /// `ServiceProxyPlan`; a node overlay fills it on nodes that have local endpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32768))]
     pub local_endpoints: Vec<Endpoint>,
     /// When to masquerade.
     pub masquerade: MasqueradePlan,
+}
+
+/// The cluster endpoints of one entry for the nodes of one zone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneEndpoints {
+    /// The zone (`topology.kubernetes.io/zone` of the nodes it is for).
+    #[schemars(length(min = 1, max = 253))]
+    pub zone: String,
+    /// Replacement `clusterEndpoints` in that zone.
+    #[schemars(length(max = 32768))]
+    pub endpoints: Vec<Endpoint>,
 }
 
 /// IP family of a service port entry.
@@ -410,15 +394,15 @@ pub struct MasqueradePlan {
     pub hairpin: bool,
 }
 
-/// Endpoint lists of one entry that differ on one node or in one zone. `None` keeps the
-/// list of the layer below.
+/// Endpoint lists of one entry that differ on one node. `None` keeps the list of the
+/// layer below.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointOverride {
     /// Key of the [`ServicePortPlan`] this overrides.
     #[schemars(length(min = 1, max = 600))]
     pub key: String,
-    /// Replacement `clusterEndpoints` (topology hints).
+    /// Replacement `clusterEndpoints` (`PreferSameNode` hints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_endpoints: Option<Vec<Endpoint>>,
     /// Replacement `localEndpoints` (this node's endpoints).
@@ -458,18 +442,48 @@ impl std::fmt::Display for IpFamily {
 
 /// The generated CRD manifests: `(file name, YAML)` for the chart's `crds/` folder.
 ///
+/// Integer and number properties carry no `format`: the API server recognises none of
+/// schemars' (`uint16`, `uint32`, `double`, ...), strips them before validating, and some
+/// versions warn about each on every apply; `minimum` and `maximum` say the range.
+///
 /// # Errors
 /// When a CRD cannot be serialised (a bug in the types).
 pub fn crd_files() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
     use kube::CustomResourceExt;
+    let yaml = |crd| -> Result<String, serde_yaml::Error> {
+        let mut value =
+            serde_json::to_value(crd).map_err(<serde_yaml::Error as serde::ser::Error>::custom)?;
+        strip_numeric_formats(&mut value);
+        serde_yaml::to_string(&value)
+    };
     Ok(vec![
         (
             "nodeproxyplans.proxyplan.dev.yaml",
-            serde_yaml::to_string(&NodeProxyPlan::crd())?,
+            yaml(NodeProxyPlan::crd())?,
         ),
         (
-            "proxyplanshards.proxyplan.dev.yaml",
-            serde_yaml::to_string(&ProxyPlanShard::crd())?,
+            "serviceproxyplans.proxyplan.dev.yaml",
+            yaml(ServiceProxyPlan::crd())?,
         ),
     ])
+}
+
+/// Removes `format` from every schema whose `type` is `integer` or `number`.
+fn strip_numeric_formats(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let numeric = map
+                .get("type")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|t| t == "integer" || t == "number");
+            if numeric {
+                map.remove("format");
+            }
+            for child in map.values_mut() {
+                strip_numeric_formats(child);
+            }
+        }
+        serde_json::Value::Array(list) => list.iter_mut().for_each(strip_numeric_formats),
+        _ => {}
+    }
 }

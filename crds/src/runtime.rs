@@ -1,8 +1,14 @@
 //! Small pieces both binaries need at their edge: a client from `--kubeconfig` or the
-//! cluster, SIGTERM handling, and kube-proxy-style duration flags.
+//! cluster, SIGTERM handling, kube-proxy-style duration flags, and retry backoff for
+//! writes and watches.
 
+use std::hash::{BuildHasher, RandomState};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
 
 /// No usable Kubernetes client configuration.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +98,86 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// Exponential backoff with jitter and a cap: each failure waits longer (doubling from
+/// `initial` up to `max`), each wait is between half and all of its step so that many
+/// clients retrying together spread out, and a success starts over.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    step: Duration,
+}
+
+impl Backoff {
+    /// A backoff from `initial` up to `max`.
+    #[must_use]
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            step: initial,
+        }
+    }
+
+    /// How long to wait after one more failure.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.step;
+        self.step = self.step.saturating_mul(2).min(self.max);
+        jitter(step)
+    }
+
+    /// Starts over after a success.
+    pub fn reset(&mut self) {
+        self.step = self.initial;
+    }
+}
+
+/// Between half and all of `step`, at random.
+fn jitter(step: Duration) -> Duration {
+    let random = RandomState::new().hash_one(std::time::SystemTime::now());
+    // 0..=1023 thousandths of a half step.
+    let fraction = u32::try_from(random % 1024).unwrap_or(0);
+    step / 2 + (step / 2) * fraction / 1024
+}
+
+/// First wait of a failed watch.
+pub const WATCH_BACKOFF_INITIAL: Duration = Duration::from_millis(200);
+/// Longest wait of a failed watch: short, so that changes flow again within seconds of
+/// an API server coming back, whatever backoff the outage built up.
+pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Retries a watch with [`Backoff`] between failures (from [`WATCH_BACKOFF_INITIAL`]
+/// to [`WATCH_BACKOFF_MAX`]), except that `410 Gone` (the resource version expired, for
+/// instance after an API server restart) re-lists at once: waiting would only delay the
+/// list that must come anyway.
+pub fn watch_backoff<T: Send>(
+    stream: impl Stream<Item = Result<T, watcher::Error>> + Send,
+) -> impl Stream<Item = Result<T, watcher::Error>> + Send {
+    let backoff = Arc::new(Mutex::new(Backoff::new(
+        WATCH_BACKOFF_INITIAL,
+        WATCH_BACKOFF_MAX,
+    )));
+    stream.then(move |item| {
+        let backoff = Arc::clone(&backoff);
+        async move {
+            let delay = match &item {
+                Ok(_) => {
+                    if let Ok(mut b) = backoff.lock() {
+                        b.reset();
+                    }
+                    None
+                }
+                Err(watcher::Error::WatchError(status)) if status.code == 410 => None,
+                Err(_) => backoff.lock().ok().map(|mut b| b.next_delay()),
+            };
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            item
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +193,21 @@ mod tests {
         for bad in ["", "s", "1x", "1s2", "-1s", "ms"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_its_cap_and_starts_over() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
+        let steps = [100, 200, 400, 700, 700];
+        for step in steps {
+            let delay = b.next_delay();
+            let step = Duration::from_millis(step);
+            assert!(
+                delay >= step / 2 && delay <= step,
+                "{delay:?} for step {step:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 }

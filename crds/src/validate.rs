@@ -1,38 +1,33 @@
-//! Validation and merging of a node plan with its shards: the contract between the
-//! controller, which writes plans, and the agent, which must refuse a bad plan whole.
+//! Validation and merging of a node plan with the Services' plans: the contract between
+//! the controller, which writes them, and the agent, which must never program what it
+//! cannot trust.
+//!
+//! A node plan that fails validation is refused whole. A `ServiceProxyPlan` that fails is
+//! refused on its own: its last good version (if the merge cache has one) stays merged,
+//! and the refusal is reported, so one bad object never stops every other Service.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::{
-    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, ProxyPlanShard,
-    ServicePortPlan, ShardScope,
+    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, SERVICE_LABEL,
+    ServicePortPlan, ServiceProxyPlan,
 };
 
-/// Why a plan cannot be used. Each variant names the object and the field.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a plan, or one Service's plan, cannot be used. Names the object and the field.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     /// A field holds a value the agent cannot program.
     #[error("{object}: {field}: {reason}")]
     InvalidField {
-        /// `NodeProxyPlan/<name>` or `ProxyPlanShard/<name>`.
+        /// `NodeProxyPlan/<name>` or `ServiceProxyPlan/<namespace>/<name>`.
         object: String,
         /// JSON path of the field, e.g. `spec.servicePorts[3].clusterIP`.
         field: String,
         /// What is wrong with it.
         reason: String,
-    },
-    /// The plan names a shard that is not available.
-    #[error("NodeProxyPlan/{plan}: spec.shards[{index}].name: shard {shard} not found")]
-    MissingShard {
-        /// The plan's name.
-        plan: String,
-        /// Index in `spec.shards`.
-        index: usize,
-        /// The missing shard's name.
-        shard: String,
     },
 }
 
@@ -42,7 +37,14 @@ impl PlanError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::InvalidField { .. } => "invalid_field",
-            Self::MissingShard { .. } => "missing_shard",
+        }
+    }
+
+    /// The object the error is about.
+    #[must_use]
+    pub fn object(&self) -> &str {
+        match self {
+            Self::InvalidField { object, .. } => object,
         }
     }
 }
@@ -54,52 +56,77 @@ pub struct MergedPlan {
     pub node_name: String,
     /// The node plan's revision.
     pub revision: String,
-    /// Revision of each merged shard, by name.
-    pub shard_revisions: BTreeMap<String, String>,
+    /// Which Service plans were merged, by name and content revision: equal fingerprints
+    /// (with equal node plan revisions) mean the same merged content.
+    pub services_fingerprint: u64,
     /// The node's addresses.
     pub addresses: Vec<IpAddr>,
     /// Local-traffic detection.
     pub local_traffic: LocalTrafficDetection,
-    /// Every service port entry, overlays applied, sorted by key. Shared: an entry that
-    /// did not change since an earlier merge with the same [`MergeCache`] is the same
-    /// allocation.
+    /// Every service port entry, zone lists and overlays applied, sorted by key. Shared:
+    /// an entry that did not change since an earlier merge with the same [`MergeCache`]
+    /// is the same allocation.
     pub service_ports: Vec<Arc<ServicePortPlan>>,
+    /// Service plans refused by validation, one error each: their last good version, if
+    /// the cache had one, is merged instead; otherwise their entries are left out.
+    pub refused: Vec<PlanError>,
+    /// Keys of overlay overrides whose service port no merged Service plan has (it has
+    /// not arrived yet, or is gone): nothing to override, so they are left out.
+    pub unmatched: Vec<String>,
 }
 
-/// Validates `plan` and the `shards` it names, and merges them: node overlay over zone
-/// shard over cluster shard, by key. Shards the plan does not name are ignored.
+/// Validates `plan` and the Service plans, and merges them: node overlay over the node's
+/// zone list over the Service's entry, by key.
 ///
 /// # Errors
-/// The first problem found, naming the object and field.
-pub fn merge(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPlan, PlanError> {
-    merge_cached(plan, shards, &mut MergeCache::default())
+/// When the node plan itself is invalid (the first problem found, naming the field).
+/// Problems of one Service plan are reported in [`MergedPlan::refused`].
+pub fn merge(plan: &NodeProxyPlan, services: &[ServiceProxyPlan]) -> Result<MergedPlan, PlanError> {
+    merge_cached(plan, services, &mut MergeCache::default())
 }
 
-/// The validated entries of cluster shards from earlier merges, by shard name and
-/// `resourceVersion`: a shard seen again unchanged is neither validated nor copied again,
-/// and its entries are shared (one [`Arc`] each) with the earlier merged plans, so a
-/// consumer can tell unchanged entries by pointer.
+/// The validated entries of Service plans from earlier merges, by object and
+/// `resourceVersion`: an object seen again unchanged is neither validated nor copied
+/// again, and its entries are shared (one [`Arc`] each) with the earlier merged plans,
+/// so a consumer can tell unchanged entries by pointer. It also keeps each object's last
+/// good entries, merged while a newer version of the object is refused.
 #[derive(Debug, Default)]
 pub struct MergeCache {
-    shards: HashMap<String, CachedShard>,
-    /// Whether shards a plan no longer names stay until [`MergeCache::forget`].
+    objects: HashMap<String, CachedObject>,
+    /// Whether objects missing from a merge stay until [`MergeCache::forget`].
     keep_unnamed: bool,
     /// The last merge's overridden entries, so an unchanged override of an unchanged
     /// entry is neither checked nor copied again (and stays the same allocation).
-    overridden: HashMap<(String, usize), Overridden>,
-    /// The last merge's cluster entries, sorted: the next merge replaces only the
-    /// entries of the shards that changed instead of sorting everything again.
+    overridden: HashMap<usize, Overridden>,
+    /// The last merge's entries, sorted: the next merge replaces only the entries of the
+    /// objects that changed instead of sorting everything again.
     combined: Option<Combined>,
 }
 
-/// Cluster entries of a merge, sorted by key and then shard order, with where each came
-/// from: `(entry, index in spec.shards, index in the shard)`.
-type Located = (Arc<ServicePortPlan>, usize, usize);
+#[derive(Debug)]
+struct CachedObject {
+    /// `resourceVersion` of the entries held (the last good version).
+    version: String,
+    /// `spec.revision` of that version.
+    revision: String,
+    /// Its validated entries, zone lists included.
+    base: Vec<Arc<ServicePortPlan>>,
+    /// The zone `entries` are for.
+    zone: Option<String>,
+    /// `base` as a node of `zone` sees it.
+    entries: Vec<Arc<ServicePortPlan>>,
+    /// A newer version that was refused, with why: not validated again.
+    refused: Option<(String, PlanError)>,
+}
+
+/// Merged entries, sorted by key, with where each came from: `(entry, object, index in
+/// the object)`.
+type Located = (Arc<ServicePortPlan>, Arc<str>, usize);
 
 /// An override applied by an earlier merge.
 #[derive(Debug)]
 struct Overridden {
-    /// `resourceVersion` of the object the override is in.
+    /// `resourceVersion` of the node plan the override is in.
     version: String,
     /// The entry it was applied to.
     base: Arc<ServicePortPlan>,
@@ -109,21 +136,26 @@ struct Overridden {
 
 #[derive(Debug)]
 struct Combined {
-    /// The cluster shards merged: `(index in spec.shards, name, resourceVersion)`.
-    shards: Vec<(usize, String, String)>,
+    /// The objects merged, with the version of the entries used.
+    versions: HashMap<Arc<str>, String>,
+    zone: Option<String>,
     entries: Vec<Located>,
+    /// Entries left out as duplicates, by the object they came from. While there are
+    /// any, the next merge sorts everything again (so an entry left out comes back once
+    /// its twin is gone).
+    duplicates: Vec<(Arc<str>, PlanError)>,
 }
 
-/// Sort order of merged cluster entries: by key, equal keys in shard order (so the later
+/// Sort order of merged entries: by key, equal keys by object and position (so the later
 /// one is the duplicate).
 fn located_order(a: &Located, b: &Located) -> std::cmp::Ordering {
     a.0.key
         .cmp(&b.0.key)
-        .then(a.1.cmp(&b.1))
+        .then_with(|| a.1.cmp(&b.1))
         .then(a.2.cmp(&b.2))
 }
 
-/// `base` (sorted, without the changed shards' entries) with `fresh` (sorted) merged in,
+/// `base` (sorted, without the changed objects' entries) with `fresh` (sorted) merged in,
 /// and where the fresh entries went. Each fresh entry is placed by binary search, so
 /// unchanged entries are moved, not compared.
 fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> (Vec<Located>, Vec<usize>) {
@@ -150,32 +182,44 @@ fn merge_sorted(base: Vec<Located>, fresh: Vec<Located>) -> (Vec<Located>, Vec<u
     (out, placed)
 }
 
-/// The first two neighbours with the same key, looking only at `near` (every pair
-/// with the same key has one of them; `None`: every pair).
-fn first_duplicate<'a>(entries: &'a [Located], near: Option<&[usize]>) -> Option<&'a [Located]> {
-    let same = |at: usize| {
-        entries
-            .get(at..at + 2)
-            .filter(|w| matches!(w, [a, b] if a.0.key == b.0.key))
+/// Removes every entry whose key equals its predecessor's, looking only next to `near`
+/// (every new pair has one of its members there; `None`: everywhere), and names each
+/// with the object it came from.
+fn drop_duplicates(
+    entries: &mut Vec<Located>,
+    near: Option<&[usize]>,
+) -> Vec<(Arc<str>, PlanError)> {
+    let duplicate = |entries: &[Located], at: usize| {
+        at > 0
+            && entries
+                .get(at)
+                .zip(entries.get(at - 1))
+                .is_some_and(|(b, a)| a.0.key == b.0.key)
     };
-    match near {
-        None => entries
-            .windows(2)
-            .find(|w| matches!(w, [a, b] if a.0.key == b.0.key)),
+    let mut doomed: Vec<usize> = match near {
+        None => (1..entries.len())
+            .filter(|&at| duplicate(entries, at))
+            .collect(),
         Some(near) => near
             .iter()
-            .flat_map(|&at| [at.checked_sub(1), Some(at)])
-            .flatten()
-            .filter_map(|at| same(at).map(|w| (at, w)))
-            .min_by_key(|(at, _)| *at)
-            .map(|(_, w)| w),
+            .flat_map(|&at| [at, at + 1])
+            .filter(|&at| duplicate(entries, at))
+            .collect(),
+    };
+    doomed.sort_unstable();
+    doomed.dedup();
+    let mut errors = Vec::new();
+    for &at in doomed.iter().rev() {
+        let (entry, object, index) = entries.remove(at);
+        let error = PlanError::InvalidField {
+            object: format!("ServiceProxyPlan/{object}"),
+            field: format!("spec.servicePorts[{index}].key"),
+            reason: format!("duplicate key {}: left out", entry.key),
+        };
+        errors.push((object, error));
     }
-}
-
-#[derive(Debug)]
-struct CachedShard {
-    resource_version: String,
-    entries: Vec<Arc<ServicePortPlan>>,
+    errors.reverse();
+    errors
 }
 
 impl MergeCache {
@@ -185,9 +229,9 @@ impl MergeCache {
         Self::default()
     }
 
-    /// An empty cache that keeps a shard's entries until [`MergeCache::forget`], even
-    /// while no plan names it: for a caller that drops its own copy of the entries of
-    /// shards the cache [`MergeCache::holds`].
+    /// An empty cache that keeps an object's entries until [`MergeCache::forget`], even
+    /// while a merge does not see it: for a caller that drops its own copy of the entries
+    /// of objects the cache [`MergeCache::holds`].
     #[must_use]
     pub fn keeping_unnamed() -> Self {
         Self {
@@ -196,77 +240,79 @@ impl MergeCache {
         }
     }
 
-    /// Whether it holds the validated entries of shard `name` at `resource_version`: a
-    /// merge then never reads that object's entries.
+    /// Whether it holds the validated entries of object `namespace/name` at
+    /// `resource_version`: a merge then never reads that object's entries.
     #[must_use]
-    pub fn holds(&self, name: &str, resource_version: &str) -> bool {
-        self.shards
-            .get(name)
-            .is_some_and(|c| c.resource_version == resource_version)
+    pub fn holds(&self, object: &str, resource_version: &str) -> bool {
+        self.objects
+            .get(object)
+            .is_some_and(|c| c.version == resource_version)
     }
 
-    /// Drops what it holds of shard `name`.
-    pub fn forget(&mut self, name: &str) {
-        self.shards.remove(name);
-        self.combined = None;
+    /// Drops what it holds of object `namespace/name`.
+    pub fn forget(&mut self, object: &str) {
+        self.objects.remove(object);
+        if let Some(combined) = &mut self.combined {
+            combined.versions.remove(object);
+            combined.entries.retain(|l| &*l.1 != object);
+        }
     }
 
-    /// How many shards it holds.
+    /// How many objects it holds.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.shards.len()
+        self.objects.len()
     }
 
-    /// Whether it holds no shard.
+    /// Whether it holds no object.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.shards.is_empty()
+        self.objects.is_empty()
     }
 }
 
-/// [`merge`], reusing (and refreshing) `cache`: only cluster shards whose
-/// `resourceVersion` changed since the cache saw them are validated and copied. Objects
-/// without a `resourceVersion` (read from files) are never cached.
+/// `namespace/name` of a Service plan: the key the cache and errors use.
+#[must_use]
+pub fn object_key(object: &ServiceProxyPlan) -> String {
+    format!(
+        "{}/{}",
+        object.metadata.namespace.as_deref().unwrap_or_default(),
+        object.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// [`merge`], reusing (and refreshing) `cache`: only objects whose `resourceVersion`
+/// changed since the cache saw them are validated and copied. Objects without a
+/// `resourceVersion` (read from files) are never cached.
 ///
 /// # Errors
 /// As [`merge`].
 pub fn merge_cached(
     plan: &NodeProxyPlan,
-    shards: &[ProxyPlanShard],
+    services: &[ServiceProxyPlan],
     cache: &mut MergeCache,
 ) -> Result<MergedPlan, PlanError> {
-    merge_with(plan, shards, cache, |_, shard| {
-        ShardEntries::Borrowed(&shard.spec.service_ports)
+    merge_with(plan, services, cache, |_, object| {
+        ObjectEntries::Borrowed(&object.spec.service_ports)
     })
 }
 
-/// [`merge`] for a caller that has no further use for `plan` and `shards`: the cluster
-/// shards' entries are moved into the merged plan instead of copied, so the merge needs
-/// no second copy of them. Same result and same errors as [`merge`].
+/// [`merge`] for a caller that has no further use for `plan` and `services`: the entries
+/// are moved into the merged plan instead of copied, so the merge needs no second copy
+/// of them. Same result and same errors as [`merge`].
 ///
 /// # Errors
 /// As [`merge`].
 pub fn merge_owned(
     plan: NodeProxyPlan,
-    mut shards: Vec<ProxyPlanShard>,
+    mut services: Vec<ServiceProxyPlan>,
 ) -> Result<MergedPlan, PlanError> {
-    let mut named = HashSet::with_capacity(plan.spec.shards.len());
-    if !plan
-        .spec
-        .shards
-        .iter()
-        .all(|r| named.insert(r.name.as_str()))
-    {
-        // A shard named twice is merged twice (and refused if it has entries): only the
-        // copying merge can see its entries a second time.
-        return merge(&plan, &shards);
-    }
-    let mut entries: Vec<Vec<ServicePortPlan>> = shards
+    let mut entries: Vec<Vec<ServicePortPlan>> = services
         .iter_mut()
         .map(|s| std::mem::take(&mut s.spec.service_ports))
         .collect();
-    merge_with(&plan, &shards, &mut MergeCache::default(), |index, _| {
-        ShardEntries::Owned(
+    merge_with(&plan, &services, &mut MergeCache::default(), |index, _| {
+        ObjectEntries::Owned(
             entries
                 .get_mut(index)
                 .map(std::mem::take)
@@ -275,22 +321,15 @@ pub fn merge_owned(
     })
 }
 
-/// A cluster shard's entries, as the merge gets them.
-enum ShardEntries<'a> {
-    /// Still in the caller's shard: copied into the merged plan.
+/// An object's entries, as the merge gets them.
+enum ObjectEntries<'a> {
+    /// Still in the caller's object: copied into the merged plan.
     Borrowed(&'a [ServicePortPlan]),
-    /// Taken from the shard: moved into the merged plan.
+    /// Taken from the object: moved into the merged plan.
     Owned(Vec<ServicePortPlan>),
 }
 
-impl<'a> ShardEntries<'a> {
-    fn len(&self) -> usize {
-        match self {
-            Self::Borrowed(list) => list.len(),
-            Self::Owned(list) => list.len(),
-        }
-    }
-
+impl<'a> ObjectEntries<'a> {
     fn into_entries(self) -> impl Iterator<Item = Cow<'a, ServicePortPlan>> {
         let (borrowed, owned) = match self {
             Self::Borrowed(list) => (list, Vec::new()),
@@ -303,21 +342,193 @@ impl<'a> ShardEntries<'a> {
     }
 }
 
-/// The merge, with the entries of a cluster shard that is not in `cache` from
-/// `entries_of(position in shards, shard)`.
+/// Validates one object's entries and applies the node's zone list to each.
+fn take_object<'a>(
+    object: &ServiceProxyPlan,
+    key: &str,
+    entries: ObjectEntries<'a>,
+) -> Result<Vec<Arc<ServicePortPlan>>, PlanError> {
+    let label = format!("ServiceProxyPlan/{key}");
+    let check = Checker { object: &label };
+    let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+    let service = service_of(object);
+    let mut out = Vec::new();
+    let mut keys = HashSet::new();
+    for (i, entry) in entries.into_entries().enumerate() {
+        let field = || format!("spec.servicePorts[{i}]");
+        check.entry(&field, &entry)?;
+        if entry.namespace != namespace || entry.name != service {
+            return Err(check.fail(
+                &|| format!("{}.key", field()),
+                &format!(
+                    "{} belongs to Service {}/{}, not to this object's Service {namespace}/{service}",
+                    entry.key, entry.namespace, entry.name
+                ),
+            ));
+        }
+        if !keys.insert(entry.key.clone()) {
+            return Err(check.fail(
+                &|| format!("{}.key", field()),
+                &format!("duplicate key {}", entry.key),
+            ));
+        }
+        out.push(Arc::new(entry.into_owned()));
+    }
+    Ok(out)
+}
+
+/// `base` as a node of `zone` sees it: an entry with a list for that zone takes it as
+/// its `clusterEndpoints`; no merged entry keeps zone lists. Entries without zone lists
+/// are shared, not copied.
+fn in_zone(base: &[Arc<ServicePortPlan>], zone: Option<&str>) -> Vec<Arc<ServicePortPlan>> {
+    base.iter()
+        .map(|entry| {
+            if entry.zone_endpoints.is_empty() {
+                return Arc::clone(entry);
+            }
+            let mut entry = ServicePortPlan::clone(entry);
+            let chosen = zone.and_then(|z| entry.zone_endpoints.iter().position(|l| l.zone == z));
+            if let Some(at) = chosen {
+                let list = entry.zone_endpoints.swap_remove(at);
+                entry.cluster_endpoints = list.endpoints;
+            }
+            entry.zone_endpoints = Vec::new();
+            Arc::new(entry)
+        })
+        .collect()
+}
+
+/// The Service a plan object is for: its `proxyplan.dev/service` label, else its name
+/// up to a part suffix (`web.1` is part 1 of `web`).
+fn service_of(object: &ServiceProxyPlan) -> &str {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_LABEL))
+        .map(String::as_str)
+        .or_else(|| {
+            let name = object.metadata.name.as_deref()?;
+            Some(name.split_once('.').map_or(name, |(base, _)| base))
+        })
+        .unwrap_or_default()
+}
+
+/// The entries of one object for this merge and the version they are of, from the cache
+/// when it holds them. `None` for entries: nothing usable.
+struct Taken {
+    entries: Option<Vec<Arc<ServicePortPlan>>>,
+    /// Version of the entries used; `None` when uncached (no `resourceVersion`).
+    version: Option<String>,
+    /// The object's `spec.revision` (what identifies uncached entries).
+    revision: String,
+    refused: Option<PlanError>,
+}
+
+fn take_cached<'a>(
+    cache: &mut MergeCache,
+    object: &'a ServiceProxyPlan,
+    key: &str,
+    zone: Option<&str>,
+    entries_of: impl FnOnce() -> ObjectEntries<'a>,
+) -> Taken {
+    let revision = object.spec.revision.clone();
+    let Some(version) = object.metadata.resource_version.as_deref() else {
+        cache.objects.remove(key);
+        return match take_object(object, key, entries_of()) {
+            Ok(base) => Taken {
+                entries: Some(in_zone(&base, zone)),
+                version: None,
+                revision,
+                refused: None,
+            },
+            Err(err) => Taken {
+                entries: None,
+                version: None,
+                revision,
+                refused: Some(err),
+            },
+        };
+    };
+    // The version held, or a refused newer one: no need to look at the object.
+    let known = cache.objects.get_mut(key).and_then(|c| {
+        let refused = match &c.refused {
+            Some((refused, err)) if refused == version => Some(err.clone()),
+            _ if c.version == version => None,
+            _ => return None,
+        };
+        Some((c, refused))
+    });
+    if let Some((c, refused)) = known {
+        if c.zone.as_deref() != zone {
+            c.entries = in_zone(&c.base, zone);
+            c.zone = zone.map(str::to_owned);
+        }
+        return Taken {
+            entries: Some(c.entries.clone()),
+            version: Some(c.version.clone()),
+            revision: c.revision.clone(),
+            refused,
+        };
+    }
+    match take_object(object, key, entries_of()) {
+        Ok(base) => {
+            let entries = in_zone(&base, zone);
+            cache.objects.insert(
+                key.to_owned(),
+                CachedObject {
+                    version: version.to_owned(),
+                    revision: revision.clone(),
+                    base,
+                    zone: zone.map(str::to_owned),
+                    entries: entries.clone(),
+                    refused: None,
+                },
+            );
+            Taken {
+                entries: Some(entries),
+                version: Some(version.to_owned()),
+                revision,
+                refused: None,
+            }
+        }
+        Err(err) => match cache.objects.get_mut(key) {
+            Some(last_good) => {
+                last_good.refused = Some((version.to_owned(), err.clone()));
+                if last_good.zone.as_deref() != zone {
+                    last_good.entries = in_zone(&last_good.base, zone);
+                    last_good.zone = zone.map(str::to_owned);
+                }
+                Taken {
+                    entries: Some(last_good.entries.clone()),
+                    version: Some(last_good.version.clone()),
+                    revision: last_good.revision.clone(),
+                    refused: Some(err),
+                }
+            }
+            None => Taken {
+                entries: None,
+                version: None,
+                revision,
+                refused: Some(err),
+            },
+        },
+    }
+}
+
+/// The merge, with the entries of an object that is not in `cache` from
+/// `entries_of(position in services, object)`.
 fn merge_with<'a>(
     plan: &NodeProxyPlan,
-    shards: &'a [ProxyPlanShard],
+    services: &'a [ServiceProxyPlan],
     cache: &mut MergeCache,
-    mut entries_of: impl FnMut(usize, &'a ProxyPlanShard) -> ShardEntries<'a>,
+    mut entries_of: impl FnMut(usize, &'a ServiceProxyPlan) -> ObjectEntries<'a>,
 ) -> Result<MergedPlan, PlanError> {
     let plan_name = kube::ResourceExt::name_any(plan);
     let object = format!("NodeProxyPlan/{plan_name}");
     let spec = &plan.spec;
     let check = Checker { object: &object };
-    if spec.node_name.is_empty() {
-        return Err(check.fail(&"spec.nodeName", "must not be empty"));
-    }
+    check.name(&"spec.nodeName", &spec.node_name, 253)?;
     for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
         check.cidr(&|| format!("spec.podCIDRs[{i}]"), cidr, None)?;
     }
@@ -328,182 +539,163 @@ fn merge_with<'a>(
     for (i, address) in spec.addresses.iter().enumerate() {
         addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
     }
+    let zone = spec.zone.as_deref();
 
-    // By name, the last of a name wins.
-    let by_name: HashMap<String, (usize, &ProxyPlanShard)> = shards
-        .iter()
-        .enumerate()
-        .map(|(position, s)| (kube::ResourceExt::name_any(s), (position, s)))
-        .collect();
-    let mut zone_overrides = Vec::new();
-    let mut shard_revisions = BTreeMap::new();
-    let mut used = HashSet::new();
-    // Cluster shards in order: (index in spec.shards, name, resourceVersion).
-    let mut cluster: Vec<(usize, &str, Option<&str>)> = Vec::new();
-    // Entries of cluster shards that have no resourceVersion (never cached).
-    let mut uncached: HashMap<usize, Vec<Arc<ServicePortPlan>>> = HashMap::new();
-    for (index, shard_ref) in spec.shards.iter().enumerate() {
-        let Some(&(position, shard)) = by_name.get(&shard_ref.name) else {
-            return Err(PlanError::MissingShard {
-                plan: plan_name,
-                index,
-                shard: shard_ref.name.clone(),
-            });
-        };
-        let shard_object = format!("ProxyPlanShard/{}", shard_ref.name);
-        let shard_check = Checker {
-            object: &shard_object,
-        };
-        match shard.spec.scope {
-            ShardScope::Cluster => {
-                used.insert(shard_ref.name.as_str());
-                let version = shard.metadata.resource_version.as_deref();
-                cluster.push((index, shard_ref.name.as_str(), version));
-                let cached = cache
-                    .shards
-                    .get(&shard_ref.name)
-                    .is_some_and(|c| Some(c.resource_version.as_str()) == version);
-                if !cached {
-                    let list = entries_of(position, shard);
-                    let mut fresh = Vec::with_capacity(list.len());
-                    for (i, entry) in list.into_entries().enumerate() {
-                        shard_check.entry(&|| format!("spec.servicePorts[{i}]"), &entry)?;
-                        fresh.push(Arc::new(entry.into_owned()));
-                    }
-                    match version {
-                        Some(version) => {
-                            cache.shards.insert(
-                                shard_ref.name.clone(),
-                                CachedShard {
-                                    resource_version: version.to_owned(),
-                                    entries: fresh,
-                                },
-                            );
-                        }
-                        None => {
-                            cache.shards.remove(&shard_ref.name);
-                            uncached.insert(index, fresh);
-                        }
-                    }
+    // Each object's entries, from the cache where it holds them. Of two objects with one
+    // name, the later wins.
+    let mut refused = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(services.len());
+    let mut taken: Vec<(Arc<str>, Taken)> = Vec::with_capacity(services.len());
+    for (position, object) in services.iter().enumerate() {
+        let key = object_key(object);
+        let result = take_cached(cache, object, &key, zone, || entries_of(position, object));
+        let name: Arc<str> = Arc::from(key.as_str());
+        match seen.get(&key) {
+            Some(&at) => {
+                if let Some(slot) = taken.get_mut(at) {
+                    *slot = (name, result);
                 }
             }
-            ShardScope::Zone => {
-                if shard.spec.zone != spec.zone {
-                    return Err(shard_check.fail(
-                        &"spec.zone",
-                        &format!(
-                            "zone {:?} does not match the node's zone {:?}",
-                            shard.spec.zone, spec.zone
-                        ),
-                    ));
-                }
-                let version = shard.metadata.resource_version.as_deref();
-                for (i, o) in shard.spec.overrides.iter().enumerate() {
-                    zone_overrides.push((shard_object.clone(), version, i, o));
-                }
+            None => {
+                seen.insert(key, taken.len());
+                taken.push((name, result));
             }
         }
-        shard_revisions.insert(shard_ref.name.clone(), shard.spec.revision.clone());
     }
     if !cache.keep_unnamed {
-        cache.shards.retain(|name, _| used.contains(name.as_str()));
+        cache.objects.retain(|key, _| seen.contains_key(key));
     }
-    let located =
-        |index: usize, name: &str, uncached: &mut HashMap<usize, Vec<Arc<ServicePortPlan>>>| {
-            let list = match uncached.remove(&index) {
-                Some(list) => list,
-                None => cache
-                    .shards
-                    .get(name)
-                    .map(|c| c.entries.clone())
-                    .unwrap_or_default(),
-            };
-            list.into_iter()
-                .enumerate()
-                .map(move |(i, e)| (e, index, i))
-                .collect::<Vec<Located>>()
-        };
-    // The same cluster shards as the last merge: only the changed ones' entries are
+    for (_, t) in &mut taken {
+        refused.extend(t.refused.take());
+    }
+
+    // The same zone and every object cached: only the changed objects' entries are
     // replaced, the rest stay sorted. Otherwise every entry is sorted.
-    let previous = cache.combined.take();
-    let reusable = previous.filter(|p| {
-        p.shards.len() == cluster.len()
-            && p.shards
-                .iter()
-                .zip(&cluster)
-                .all(|((i, name, _), (index, now, version))| {
-                    i == index && name == now && version.is_some()
-                })
-    });
-    let (entries, placed): (Vec<Located>, Option<Vec<usize>>) = match reusable {
+    let all_versioned = taken
+        .iter()
+        .all(|(_, t)| t.entries.is_none() || t.version.is_some());
+    let previous = cache
+        .combined
+        .take()
+        .filter(|p| p.zone.as_deref() == zone && p.duplicates.is_empty() && all_versioned);
+    let (mut entries, placed) = match previous {
         Some(previous) => {
-            let changed: HashSet<usize> = previous
-                .shards
-                .iter()
-                .zip(&cluster)
-                .filter(|((_, _, was), (_, _, now))| Some(was.as_str()) != *now)
-                .map(|(_, (index, ..))| *index)
-                .collect();
+            let mut changed: HashSet<Arc<str>> = HashSet::new();
+            for (name, t) in &taken {
+                let now = t.entries.as_ref().and(t.version.as_ref());
+                if previous.versions.get(name) != now {
+                    changed.insert(Arc::clone(name));
+                }
+            }
+            for name in previous.versions.keys() {
+                if !seen.contains_key(&**name) {
+                    changed.insert(Arc::clone(name));
+                }
+            }
             let mut base = previous.entries;
-            base.retain(|(_, index, _)| !changed.contains(index));
-            let mut fresh = Vec::new();
-            for &(index, name, _) in cluster.iter().filter(|(i, ..)| changed.contains(i)) {
-                fresh.extend(located(index, name, &mut uncached));
+            if !changed.is_empty() {
+                base.retain(|(_, name, _)| !changed.contains(name));
+            }
+
+            let mut fresh: Vec<Located> = Vec::new();
+            for (name, t) in &taken {
+                if changed.contains(name) {
+                    fresh.extend(located(name, t));
+                }
             }
             fresh.sort_by(located_order);
             let (entries, placed) = merge_sorted(base, fresh);
             (entries, Some(placed))
         }
         None => {
-            let mut all = Vec::new();
-            for &(index, name, _) in &cluster {
-                all.extend(located(index, name, &mut uncached));
-            }
+            let mut all: Vec<Located> = taken
+                .iter()
+                .flat_map(|(name, t)| located(name, t))
+                .collect();
             all.sort_by(located_order);
             (all, None)
         }
     };
-    // Sorted by key, equal keys in shard order: the later one is the duplicate. The
-    // entries kept from the last merge had none among themselves.
-    if let Some([_, (entry, shard, i)]) = first_duplicate(&entries, placed.as_deref()) {
-        let name = spec.shards.get(*shard).map_or("", |s| s.name.as_str());
-        return Err(PlanError::InvalidField {
-            object: format!("ProxyPlanShard/{name}"),
-            field: format!("spec.servicePorts[{i}].key"),
-            reason: format!("duplicate key {}", entry.key),
-        });
-    }
+    let duplicates = drop_duplicates(&mut entries, placed.as_deref());
+    refused.extend(duplicates.iter().map(|(_, e)| e.clone()));
     let mut merged: Vec<Arc<ServicePortPlan>> =
         entries.iter().map(|(e, ..)| Arc::clone(e)).collect();
-    if cluster.iter().all(|(_, _, version)| version.is_some()) {
+    if all_versioned {
         cache.combined = Some(Combined {
-            shards: cluster
+            versions: taken
                 .iter()
-                .map(|&(index, name, version)| {
-                    (
-                        index,
-                        name.to_owned(),
-                        version.unwrap_or_default().to_owned(),
-                    )
+                .filter_map(|(name, t)| {
+                    t.entries.as_ref()?;
+                    Some((Arc::clone(name), t.version.clone()?))
                 })
                 .collect(),
+            zone: zone.map(str::to_owned),
             entries,
+            duplicates,
         });
     }
+
+    let unmatched = apply_overlay(plan, &check, cache, &mut merged)?;
+    // By content revision, not resourceVersion: an object written again unchanged (a
+    // label edit, a re-apply) changes nothing to program.
+    let services_fingerprint = taken
+        .iter()
+        .filter_map(|(name, t)| {
+            t.entries.as_ref()?;
+            Some(crate::stable_hash(
+                format!("{name}\0{}", t.revision).as_bytes(),
+            ))
+        })
+        .fold(0u64, u64::wrapping_add);
+    Ok(MergedPlan {
+        node_name: spec.node_name.clone(),
+        revision: spec.revision.clone(),
+        services_fingerprint,
+        addresses,
+        local_traffic: spec.local_traffic.clone(),
+        service_ports: merged,
+        refused,
+        unmatched,
+    })
+}
+
+/// An object's entries placed for sorting.
+fn located(name: &Arc<str>, taken: &Taken) -> Vec<Located> {
+    taken
+        .entries
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, e)| (Arc::clone(e), Arc::clone(name), i))
+        .collect()
+}
+
+/// Applies the node overlay; returns the keys it has no entry for.
+fn apply_overlay(
+    plan: &NodeProxyPlan,
+    check: &Checker<'_>,
+    cache: &mut MergeCache,
+    merged: &mut [Arc<ServicePortPlan>],
+) -> Result<Vec<String>, PlanError> {
     let previous = std::mem::take(&mut cache.overridden);
-    let mut apply = |object: &str,
-                     version: Option<&str>,
-                     field: &dyn Fn() -> String,
-                     i: usize,
-                     o: &EndpointOverride|
-     -> Result<(), PlanError> {
-        let check = Checker { object };
-        let found = merged.binary_search_by(|e| e.key.as_str().cmp(o.key.as_str()));
-        let (Some(version), Ok(at)) = (version, found) else {
-            return apply_override(&check, &field, &mut merged, o);
+    let version = plan.metadata.resource_version.as_deref();
+    let mut unmatched = Vec::new();
+    let mut keys = HashSet::new();
+    for (i, o) in plan.spec.overlay.iter().enumerate() {
+        let field = || format!("spec.overlay[{i}]");
+        check.key(&|| format!("{}.key", field()), &o.key)?;
+        if !keys.insert(o.key.as_str()) {
+            return Err(check.fail(
+                &|| format!("{}.key", field()),
+                &format!("duplicate key {}", o.key),
+            ));
+        }
+        let Ok(at) = merged.binary_search_by(|e| e.key.as_str().cmp(o.key.as_str())) else {
+            unmatched.push(o.key.clone());
+            continue;
         };
-        let id = (object.to_owned(), i);
-        if let Some(earlier) = previous.get(&id)
+        if let Some(version) = version
+            && let Some(earlier) = previous.get(&i)
             && earlier.version == version
             && merged
                 .get(at)
@@ -512,67 +704,40 @@ fn merge_with<'a>(
         {
             *slot = Arc::clone(&earlier.result);
             cache.overridden.insert(
-                id,
+                i,
                 Overridden {
                     version: version.to_owned(),
                     base: Arc::clone(&earlier.base),
                     result: Arc::clone(&earlier.result),
                 },
             );
-            return Ok(());
+            continue;
         }
-        let Some(base) = merged.get(at).map(Arc::clone) else {
-            return apply_override(&check, &field, &mut merged, o);
+        let Some(slot) = merged.get_mut(at) else {
+            continue;
         };
-        apply_override(&check, &field, &mut merged, o)?;
-        if let Some(result) = merged.get(at) {
+        let base = Arc::clone(slot);
+        apply_override(check, &field, slot, o)?;
+        if let Some(version) = version {
             cache.overridden.insert(
-                id,
+                i,
                 Overridden {
                     version: version.to_owned(),
                     base,
-                    result: Arc::clone(result),
+                    result: Arc::clone(slot),
                 },
             );
         }
-        Ok(())
-    };
-    for (object, version, i, o) in zone_overrides {
-        apply(&object, version, &|| format!("spec.overrides[{i}]"), i, o)?;
     }
-    let plan_version = plan.metadata.resource_version.as_deref();
-    for (i, o) in spec.overlay.iter().enumerate() {
-        apply(
-            &object,
-            plan_version,
-            &|| format!("spec.overlay[{i}]"),
-            i,
-            o,
-        )?;
-    }
-    Ok(MergedPlan {
-        node_name: spec.node_name.clone(),
-        revision: spec.revision.clone(),
-        shard_revisions,
-        addresses,
-        local_traffic: spec.local_traffic.clone(),
-        service_ports: merged,
-    })
+    Ok(unmatched)
 }
 
 fn apply_override(
     check: &Checker<'_>,
     field: &impl Field,
-    entries: &mut [Arc<ServicePortPlan>],
+    entry: &mut Arc<ServicePortPlan>,
     o: &EndpointOverride,
 ) -> Result<(), PlanError> {
-    let found = entries.binary_search_by(|e| e.key.as_str().cmp(o.key.as_str()));
-    let Some(entry) = found.ok().and_then(|i| entries.get_mut(i)) else {
-        return Err(check.fail(
-            &|| format!("{}.key", field.path()),
-            &format!("no service port {}", o.key),
-        ));
-    };
     let family = entry.family;
     if let Some(list) = &o.cluster_endpoints {
         check.endpoints(
@@ -584,7 +749,7 @@ fn apply_override(
     if let Some(list) = &o.local_endpoints {
         check.endpoints(&|| format!("{}.localEndpoints", field.path()), list, family)?;
     }
-    // Copied only now: the cached entry stays as the shard has it.
+    // Copied only now: the cached entry stays as its object has it.
     let entry = Arc::make_mut(entry);
     if let Some(list) = &o.cluster_endpoints {
         entry.cluster_endpoints.clone_from(list);
@@ -623,6 +788,38 @@ impl<F: Fn() -> String> Field for F {
     }
 }
 
+/// Whether `text` is a DNS label as Kubernetes names (namespaces, Service and port
+/// names) spell it: 1 to 63 lowercase letters, digits and `-`, starting and ending with a
+/// letter or digit.
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Why an address cannot be a VIP or an endpoint, if it cannot.
+fn unusable_address(ip: IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_loopback() {
+        Some("a loopback address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else if match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    } {
+        Some("a link-local or broadcast address")
+    } else {
+        None
+    }
+}
+
 impl Checker<'_> {
     fn fail(&self, field: &impl Field, reason: &str) -> PlanError {
         PlanError::InvalidField {
@@ -649,6 +846,20 @@ impl Checker<'_> {
         Ok(ip)
     }
 
+    /// An address traffic may be captured at or sent to.
+    fn usable_ip(
+        &self,
+        field: &impl Field,
+        text: &str,
+        family: IpFamily,
+    ) -> Result<IpAddr, PlanError> {
+        let ip = self.ip(field, text, Some(family))?;
+        match unusable_address(ip) {
+            Some(why) => Err(self.fail(field, &format!("{text} is {why}"))),
+            None => Ok(ip),
+        }
+    }
+
     fn cidr(
         &self,
         field: &impl Field,
@@ -673,6 +884,53 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// A Kubernetes object name: printable, no quotes or white space, at most `max` bytes.
+    fn name(&self, field: &impl Field, text: &str, max: usize) -> Result<(), PlanError> {
+        let ok = !text.is_empty()
+            && text.len() <= max
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if ok {
+            Ok(())
+        } else {
+            Err(self.fail(
+                field,
+                &format!(
+                    "{text:?} is not a Kubernetes name (1 to {max} letters, digits, '-', '.', '_')"
+                ),
+            ))
+        }
+    }
+
+    /// An entry key as the controller writes it: `namespace/name:port/PROTOCOL/family`
+    /// of DNS labels.
+    fn key(&self, field: &impl Field, key: &str) -> Result<(), PlanError> {
+        let parsed = key.split_once('/').and_then(|(namespace, rest)| {
+            let (name, rest) = rest.split_once(':')?;
+            let (port, rest) = rest.split_once('/')?;
+            let (protocol, family) = rest.split_once('/')?;
+            let port_ok = port.is_empty() || is_dns_label(port);
+            (is_dns_label(namespace)
+                && is_dns_label(name)
+                && port_ok
+                && matches!(protocol, "TCP" | "UDP" | "SCTP")
+                && matches!(family, "IPv4" | "IPv6"))
+            .then_some(())
+        });
+        if parsed.is_some() {
+            Ok(())
+        } else {
+            Err(self.fail(
+                field,
+                &format!(
+                    "{key:?} is not a service port key (namespace/name:port/PROTOCOL/family of \
+                     DNS labels)"
+                ),
+            ))
+        }
+    }
+
     fn endpoints(
         &self,
         field: &impl Field,
@@ -681,11 +939,7 @@ impl Checker<'_> {
     ) -> Result<(), PlanError> {
         let mut seen = HashSet::with_capacity(list.len());
         for (i, ep) in list.iter().enumerate() {
-            self.ip(
-                &|| format!("{}[{i}].ip", field.path()),
-                &ep.ip,
-                Some(family),
-            )?;
+            self.usable_ip(&|| format!("{}[{i}].ip", field.path()), &ep.ip, family)?;
             self.port(&|| format!("{}[{i}].port", field.path()), ep.port)?;
             if !seen.insert(ep) {
                 return Err(self.fail(
@@ -699,8 +953,20 @@ impl Checker<'_> {
 
     fn entry(&self, field: &impl Field, e: &ServicePortPlan) -> Result<(), PlanError> {
         let at = |sub: &'static str| move || format!("{}.{sub}", field.path());
-        if e.key.is_empty() {
-            return Err(self.fail(&at("key"), "must not be empty"));
+        self.key(&at("key"), &e.key)?;
+        let expected = format!(
+            "{}/{}:{}/{}/{}",
+            e.namespace, e.name, e.port_name, e.protocol, e.family
+        );
+        if e.key != expected {
+            return Err(self.fail(
+                &at("key"),
+                &format!(
+                    "{:?} does not match the entry's namespace, name, portName, protocol and \
+                     family ({expected:?})",
+                    e.key
+                ),
+            ));
         }
         self.port(&at("port"), e.port)?;
         if let Some(p) = e.node_port {
@@ -709,19 +975,19 @@ impl Checker<'_> {
         if let Some(p) = e.health_check_node_port {
             self.port(&at("healthCheckNodePort"), p)?;
         }
-        self.ip(&at("clusterIP"), &e.cluster_ip, Some(e.family))?;
+        self.usable_ip(&at("clusterIP"), &e.cluster_ip, e.family)?;
         for (i, ip) in e.external_ips.iter().enumerate() {
-            self.ip(
+            self.usable_ip(
                 &|| format!("{}.externalIPs[{i}]", field.path()),
                 ip,
-                Some(e.family),
+                e.family,
             )?;
         }
         for (i, lb) in e.load_balancer_ips.iter().enumerate() {
-            self.ip(
+            self.usable_ip(
                 &|| format!("{}.loadBalancerIPs[{i}].ip", field.path()),
                 &lb.ip,
-                Some(e.family),
+                e.family,
             )?;
         }
         for (i, r) in e.load_balancer_source_ranges.iter().enumerate() {
@@ -740,6 +1006,21 @@ impl Checker<'_> {
             ));
         }
         self.endpoints(&at("clusterEndpoints"), &e.cluster_endpoints, e.family)?;
+        let mut zones = HashSet::new();
+        for (z, list) in e.zone_endpoints.iter().enumerate() {
+            let path = || format!("{}.zoneEndpoints[{z}]", field.path());
+            if list.zone.is_empty() || !zones.insert(list.zone.as_str()) {
+                return Err(self.fail(
+                    &|| format!("{}.zone", path()),
+                    &format!("{:?}: empty or listed twice", list.zone),
+                ));
+            }
+            self.endpoints(
+                &|| format!("{}.endpoints", path()),
+                &list.endpoints,
+                e.family,
+            )?;
+        }
         self.endpoints(&at("localEndpoints"), &e.local_endpoints, e.family)
     }
 }
@@ -749,5 +1030,53 @@ fn family_of(ip: IpAddr) -> IpFamily {
         IpFamily::IPv4
     } else {
         IpFamily::IPv6
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels() {
+        for good in ["a", "web", "web-1", "0abc", "a-b-c"] {
+            assert!(is_dns_label(good), "{good}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            "a\"b",
+            "a\nb",
+            long.as_str(),
+        ] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unusable_addresses() {
+        for bad in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "169.254.1.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "fe80::1",
+            "ff02::1",
+        ] {
+            let ip: IpAddr = bad.parse().expect("an address");
+            assert!(unusable_address(ip).is_some(), "{bad}");
+        }
+        for good in ["10.96.0.1", "192.0.2.1", "fd00::1", "2001:db8::1"] {
+            let ip: IpAddr = good.parse().expect("an address");
+            assert_eq!(unusable_address(ip), None, "{good}");
+        }
     }
 }

@@ -44,3 +44,29 @@ fn crds_have_status_short_names_and_columns() {
         ]
     );
 }
+
+#[test]
+fn service_plans_are_namespaced_and_no_integer_has_a_format() {
+    let files = proxyplan_crds::crd_files().expect("CRDs serialise");
+    let service: serde_yaml::Value = serde_yaml::from_str(&files[1].1).expect("yaml");
+    assert_eq!(service["spec"]["names"]["kind"], "ServiceProxyPlan");
+    assert_eq!(service["spec"]["names"]["shortNames"][0], "spp");
+    assert_eq!(service["spec"]["scope"], "Namespaced");
+    // The API server knows no uint16/uint32/double format and some versions warn about
+    // each on every apply: integers carry minimum and maximum instead.
+    for (name, text) in &files {
+        for format in [
+            "uint16", "uint32", "uint64", "int64", "int32", "double", "float",
+        ] {
+            assert!(
+                !text.contains(&format!("format: {format}")),
+                "{name} has format {format}"
+            );
+        }
+    }
+    let port = &service["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["servicePorts"]["items"]["properties"]["port"];
+    assert_eq!(port["type"], "integer");
+    assert_eq!(port["minimum"].as_f64(), Some(1.0));
+    assert_eq!(port["maximum"].as_f64(), Some(65535.0));
+}

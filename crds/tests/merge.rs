@@ -1,12 +1,12 @@
-//! `merge`: layering and the errors that name the object and field.
+//! `merge`: layering, the refusals that name the object and field, and the cache.
 
 #![allow(clippy::expect_used)]
 
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
     MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
-    ProxyPlanShard, ProxyPlanShardSpec, ServicePortPlan, ShardRef, ShardScope, TrafficPlan,
-    TrafficPolicy, merge, merge_cached, merge_owned,
+    ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan, TrafficPolicy,
+    ZoneEndpoints, merge, merge_cached, merge_owned,
 };
 use std::sync::Arc;
 
@@ -17,12 +17,13 @@ fn ep(ip: &str, port: u16) -> Endpoint {
     }
 }
 
-fn entry(key: &str, cluster_ip: &str, eps: Vec<Endpoint>) -> ServicePortPlan {
+/// The entry of port `port` of Service `default/<service>`.
+fn entry(service: &str, port: &str, cluster_ip: &str, eps: Vec<Endpoint>) -> ServicePortPlan {
     ServicePortPlan {
-        key: key.into(),
+        key: format!("default/{service}:{port}/TCP/IPv4"),
         namespace: "default".into(),
-        name: "web".into(),
-        port_name: "http".into(),
+        name: service.into(),
+        port_name: port.into(),
         family: IpFamily::IPv4,
         protocol: Protocol::TCP,
         port: 80,
@@ -39,6 +40,7 @@ fn entry(key: &str, cluster_ip: &str, eps: Vec<Endpoint>) -> ServicePortPlan {
         },
         external: None,
         cluster_endpoints: eps,
+        zone_endpoints: vec![],
         local_endpoints: vec![],
         masquerade: MasqueradePlan {
             all: false,
@@ -50,188 +52,253 @@ fn entry(key: &str, cluster_ip: &str, eps: Vec<Endpoint>) -> ServicePortPlan {
     }
 }
 
-fn plan(shards: &[&str], overlay: Vec<EndpointOverride>) -> NodeProxyPlan {
+fn plan(zone: Option<&str>, overlay: Vec<EndpointOverride>) -> NodeProxyPlan {
     NodeProxyPlan::new(
         "n1",
         NodeProxyPlanSpec {
             node_name: "n1".into(),
             revision: "r".into(),
-            zone: Some("z1".into()),
+            zone: zone.map(Into::into),
             pod_cidrs: vec!["10.244.1.0/24".into()],
             addresses: vec![],
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
             },
-            shards: shards
-                .iter()
-                .map(|s| ShardRef { name: (*s).into() })
-                .collect(),
             overlay,
         },
     )
 }
 
-fn cluster_shard(name: &str, entries: Vec<ServicePortPlan>) -> ProxyPlanShard {
-    ProxyPlanShard::new(
+/// Service plan `default/<name>` (a part `web.1` belongs to Service `web`).
+fn service(name: &str, entries: Vec<ServicePortPlan>) -> ServiceProxyPlan {
+    let mut object = ServiceProxyPlan::new(
         name,
-        ProxyPlanShardSpec {
-            scope: ShardScope::Cluster,
-            zone: None,
+        ServiceProxyPlanSpec {
             revision: format!("{name}-rev"),
             service_ports: entries,
-            overrides: vec![],
         },
-    )
-}
-
-fn zone_shard(name: &str, zone: &str, overrides: Vec<EndpointOverride>) -> ProxyPlanShard {
-    ProxyPlanShard::new(
-        name,
-        ProxyPlanShardSpec {
-            scope: ShardScope::Zone,
-            zone: Some(zone.into()),
-            revision: format!("{name}-rev"),
-            service_ports: vec![],
-            overrides,
-        },
-    )
+    );
+    object.metadata.namespace = Some("default".into());
+    object
 }
 
 const KEY: &str = "default/web:http/TCP/IPv4";
 
 /// `merge`, checked against `merge_owned` (which must agree on every result and error).
-fn merged(plan: &NodeProxyPlan, shards: &[ProxyPlanShard]) -> Result<MergedPlan, PlanError> {
-    let copied = merge(plan, shards);
-    let owned = merge_owned(plan.clone(), shards.to_vec());
+fn merged(plan: &NodeProxyPlan, services: &[ServiceProxyPlan]) -> Result<MergedPlan, PlanError> {
+    let copied = merge(plan, services);
+    let owned = merge_owned(plan.clone(), services.to_vec());
     assert_eq!(copied, owned, "merge and merge_owned disagree");
     copied
 }
 
-#[test]
-fn node_overlay_wins_over_zone_over_cluster() {
-    let cluster = cluster_shard(
-        "cluster-0",
-        vec![entry(
-            KEY,
-            "10.96.0.1",
-            vec![ep("10.0.0.1", 80), ep("10.0.0.2", 80)],
-        )],
-    );
-    let zone = zone_shard(
-        "zone-z1-0",
-        "z1",
-        vec![EndpointOverride {
-            key: KEY.into(),
-            cluster_endpoints: Some(vec![ep("10.0.0.2", 80)]),
-            local_endpoints: None,
-        }],
-    );
-    let p = plan(
-        &["cluster-0", "zone-z1-0"],
-        vec![EndpointOverride {
-            key: KEY.into(),
-            cluster_endpoints: None,
-            local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
-        }],
-    );
-    let m = merged(&p, &[cluster.clone(), zone.clone()]).expect("valid");
-    assert_eq!(
-        m.service_ports[0].cluster_endpoints,
-        vec![ep("10.0.0.2", 80)]
-    );
-    assert_eq!(m.service_ports[0].local_endpoints, vec![ep("10.0.0.9", 80)]);
-    assert_eq!(
-        m.shard_revisions.get("zone-z1-0").map(String::as_str),
-        Some("zone-z1-0-rev")
-    );
-    // Shards the plan does not name are ignored.
-    let other = cluster_shard("cluster-9", vec![entry("x/y:/TCP/IPv4", "bad", vec![])]);
-    assert!(merged(&p, &[cluster, zone, other]).is_ok());
+fn refusals(m: &MergedPlan) -> Vec<String> {
+    m.refused.iter().map(ToString::to_string).collect()
 }
 
 #[test]
-fn errors_name_the_object_and_the_field() {
-    let bad_ip = cluster_shard(
-        "cluster-0",
-        vec![entry(
-            KEY,
-            "10.96.0.1",
-            vec![ep("10.0.0.1", 80), ep("fd00::1", 80)],
-        )],
+fn node_overlay_wins_over_the_zone_list_over_the_entry() {
+    let mut web = entry(
+        "web",
+        "http",
+        "10.96.0.1",
+        vec![ep("10.0.0.1", 80), ep("10.0.0.2", 80)],
     );
-    let err = merged(&plan(&["cluster-0"], vec![]), &[bad_ip]).expect_err("family mismatch");
+    web.zone_endpoints = vec![
+        ZoneEndpoints {
+            zone: "z1".into(),
+            endpoints: vec![ep("10.0.0.2", 80)],
+        },
+        ZoneEndpoints {
+            zone: "z2".into(),
+            endpoints: vec![ep("10.0.0.1", 80)],
+        },
+    ];
+    let objects = [service("web", vec![web])];
+    let overlay = vec![EndpointOverride {
+        key: KEY.into(),
+        cluster_endpoints: None,
+        local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
+    }];
+    let m = merged(&plan(Some("z1"), overlay.clone()), &objects).expect("valid");
+    let e = &m.service_ports[0];
+    assert_eq!(e.cluster_endpoints, vec![ep("10.0.0.2", 80)]);
+    assert_eq!(e.local_endpoints, vec![ep("10.0.0.9", 80)]);
+    assert!(e.zone_endpoints.is_empty(), "zone lists are merged away");
+    // A zone without a list, or no zone: the entry's own list.
+    for zone in [Some("z9"), None] {
+        let m = merged(&plan(zone, vec![]), &objects).expect("valid");
+        assert_eq!(m.service_ports[0].cluster_endpoints.len(), 2, "{zone:?}");
+    }
+    // A node-hint override wins over the zone list.
+    let hinted = vec![EndpointOverride {
+        key: KEY.into(),
+        cluster_endpoints: Some(vec![ep("10.0.0.1", 80)]),
+        local_endpoints: None,
+    }];
+    let m = merged(&plan(Some("z1"), hinted), &objects).expect("valid");
+    assert_eq!(
+        m.service_ports[0].cluster_endpoints,
+        vec![ep("10.0.0.1", 80)]
+    );
+}
+
+#[test]
+fn a_bad_node_plan_is_refused_whole() {
+    let mut p = plan(None, vec![]);
+    p.spec.pod_cidrs = vec!["10.0.0.0/40".into()];
+    let err = merged(&p, &[]).expect_err("bad CIDR");
     assert_eq!(
         err.to_string(),
-        "ProxyPlanShard/cluster-0: spec.servicePorts[0].clusterEndpoints[1].ip: fd00::1 is not an IPv4 address"
+        "NodeProxyPlan/n1: spec.podCIDRs[0]: \"10.0.0.0/40\" is not a CIDR"
     );
     assert_eq!(err.label(), "invalid_field");
-
-    let err = merged(
-        &plan(&["cluster-0", "cluster-1"], vec![]),
-        &[cluster_shard("cluster-0", vec![])],
-    )
-    .expect_err("missing");
-    assert_eq!(
-        err,
-        PlanError::MissingShard {
-            plan: "n1".into(),
-            index: 1,
-            shard: "cluster-1".into()
-        }
-    );
-
-    let dangling = vec![EndpointOverride {
-        key: "nope".into(),
+    let bad_key = vec![EndpointOverride {
+        key: "default/web:http/TCP/IPv4\n-A INPUT -j ACCEPT".into(),
         cluster_endpoints: None,
         local_endpoints: Some(vec![]),
     }];
-    let err = merged(
-        &plan(&["cluster-0"], dangling),
-        &[cluster_shard("cluster-0", vec![])],
-    )
-    .expect_err("dangling");
-    assert_eq!(
-        err.to_string(),
-        "NodeProxyPlan/n1: spec.overlay[0].key: no service port nope"
-    );
-
-    let wrong_zone = zone_shard("zone-z2-0", "z2", vec![]);
-    let err = merged(&plan(&["zone-z2-0"], vec![]), &[wrong_zone]).expect_err("zone");
+    let err = merged(&plan(None, bad_key), &[]).expect_err("bad key");
     assert!(
         err.to_string()
-            .starts_with("ProxyPlanShard/zone-z2-0: spec.zone: zone Some(\"z2\")"),
+            .starts_with("NodeProxyPlan/n1: spec.overlay[0].key: \"default/web:http/TCP/IPv4\\n"),
         "{err}"
-    );
-
-    let dup = cluster_shard(
-        "cluster-0",
-        vec![entry(
-            KEY,
-            "10.96.0.1",
-            vec![ep("10.0.0.1", 80), ep("10.0.0.1", 80)],
-        )],
-    );
-    let err = merged(&plan(&["cluster-0"], vec![]), &[dup]).expect_err("duplicate");
-    assert_eq!(
-        err.to_string(),
-        "ProxyPlanShard/cluster-0: spec.servicePorts[0].clusterEndpoints[1]: duplicate endpoint 10.0.0.1:80"
-    );
-
-    let mut zero = entry(KEY, "10.96.0.1", vec![]);
-    zero.node_port = Some(0);
-    let err = merged(
-        &plan(&["cluster-0"], vec![]),
-        &[cluster_shard("cluster-0", vec![zero])],
-    )
-    .expect_err("port");
-    assert_eq!(
-        err.to_string(),
-        "ProxyPlanShard/cluster-0: spec.servicePorts[0].nodePort: port must be between 1 and 65535"
     );
 }
 
-fn find<'a>(merged: &'a proxyplan_crds::MergedPlan, key: &str) -> &'a Arc<ServicePortPlan> {
+#[test]
+fn a_bad_service_plan_is_refused_alone_naming_the_object_and_field() {
+    let good = service("good", vec![entry("good", "http", "10.96.0.2", vec![])]);
+    let cases: Vec<(&str, ServicePortPlan, &str)> = vec![
+        (
+            "family",
+            entry(
+                "web",
+                "http",
+                "10.96.0.1",
+                vec![ep("10.0.0.1", 80), ep("fd00::1", 80)],
+            ),
+            "spec.servicePorts[0].clusterEndpoints[1].ip: fd00::1 is not an IPv4 address",
+        ),
+        (
+            "duplicate endpoint",
+            entry(
+                "web",
+                "http",
+                "10.96.0.1",
+                vec![ep("10.0.0.1", 80), ep("10.0.0.1", 80)],
+            ),
+            "spec.servicePorts[0].clusterEndpoints[1]: duplicate endpoint 10.0.0.1:80",
+        ),
+        (
+            "node port",
+            ServicePortPlan {
+                node_port: Some(0),
+                ..entry("web", "http", "10.96.0.1", vec![])
+            },
+            "spec.servicePorts[0].nodePort: port must be between 1 and 65535",
+        ),
+        (
+            "loopback endpoint",
+            entry("web", "http", "10.96.0.1", vec![ep("127.0.0.1", 80)]),
+            "spec.servicePorts[0].clusterEndpoints[0].ip: 127.0.0.1 is a loopback address",
+        ),
+        (
+            "link-local VIP",
+            ServicePortPlan {
+                external_ips: vec!["169.254.169.254".into()],
+                ..entry("web", "http", "10.96.0.1", vec![])
+            },
+            "spec.servicePorts[0].externalIPs[0]: 169.254.169.254 is a link-local or broadcast address",
+        ),
+        (
+            "unspecified cluster IP",
+            entry("web", "http", "0.0.0.0", vec![]),
+            "spec.servicePorts[0].clusterIP: 0.0.0.0 is the unspecified address",
+        ),
+        (
+            "quote in a port name",
+            ServicePortPlan {
+                key: "default/web:ht\"tp/TCP/IPv4".into(),
+                port_name: "ht\"tp".into(),
+                ..entry("web", "http", "10.96.0.1", vec![])
+            },
+            "spec.servicePorts[0].key: \"default/web:ht\\\"tp/TCP/IPv4\" is not a service port key",
+        ),
+        (
+            "key that does not match the fields",
+            ServicePortPlan {
+                key: "default/web:https/TCP/IPv4".into(),
+                ..entry("web", "http", "10.96.0.1", vec![])
+            },
+            "spec.servicePorts[0].key: \"default/web:https/TCP/IPv4\" does not match",
+        ),
+        (
+            "another Service's entry",
+            entry("other", "http", "10.96.0.1", vec![]),
+            "spec.servicePorts[0].key: default/other:http/TCP/IPv4 belongs to Service default/other",
+        ),
+    ];
+    for (name, bad, expected) in cases {
+        let objects = [service("web", vec![bad]), good.clone()];
+        let m = merged(&plan(None, vec![]), &objects).expect("the node plan is fine");
+        let refused = refusals(&m);
+        assert_eq!(refused.len(), 1, "{name}: {refused:?}");
+        assert!(
+            refused[0].starts_with(&format!("ServiceProxyPlan/default/web: {expected}")),
+            "{name}: {}",
+            refused[0]
+        );
+        let keys: Vec<&str> = m.service_ports.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["default/good:http/TCP/IPv4"],
+            "{name}: the rest merges"
+        );
+    }
+}
+
+#[test]
+fn an_overlay_without_its_entry_is_left_out_and_named() {
+    let overlay = vec![EndpointOverride {
+        key: KEY.into(),
+        cluster_endpoints: None,
+        local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
+    }];
+    let m = merged(&plan(None, overlay), &[]).expect("valid");
+    assert!(m.service_ports.is_empty());
+    assert_eq!(m.unmatched, [KEY]);
+}
+
+#[test]
+fn a_key_in_two_parts_of_one_service_keeps_the_first() {
+    let a = service("web", vec![entry("web", "http", "10.96.0.1", vec![])]);
+    let b = service(
+        "web.1",
+        vec![
+            entry("web", "a", "10.96.0.1", vec![]),
+            entry("web", "http", "10.96.0.3", vec![]),
+        ],
+    );
+    let m = merged(&plan(None, vec![]), &[a, b]).expect("valid");
+    assert_eq!(m.service_ports.len(), 2);
+    assert_eq!(
+        m.service_ports
+            .iter()
+            .find(|e| e.key == KEY)
+            .map(|e| e.cluster_ip.as_str()),
+        Some("10.96.0.1")
+    );
+    assert_eq!(
+        refusals(&m),
+        [format!(
+            "ServiceProxyPlan/default/web.1: spec.servicePorts[1].key: duplicate key {KEY}: left out"
+        )]
+    );
+}
+
+fn find<'a>(merged: &'a MergedPlan, key: &str) -> &'a Arc<ServicePortPlan> {
     merged
         .service_ports
         .iter()
@@ -239,42 +306,30 @@ fn find<'a>(merged: &'a proxyplan_crds::MergedPlan, key: &str) -> &'a Arc<Servic
         .expect("entry")
 }
 
-fn versioned(mut shard: ProxyPlanShard, version: &str) -> ProxyPlanShard {
-    shard.metadata.resource_version = Some(version.into());
-    shard
+fn versioned(mut object: ServiceProxyPlan, version: &str) -> ServiceProxyPlan {
+    object.metadata.resource_version = Some(version.into());
+    object
 }
 
 #[test]
-fn a_key_in_two_cluster_shards_names_the_later_one() {
-    let a = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
-    let b = cluster_shard(
-        "cluster-1",
-        vec![
-            entry("default/a:http/TCP/IPv4", "10.96.0.2", vec![]),
-            entry(KEY, "10.96.0.3", vec![]),
-        ],
-    );
-    let err = merged(&plan(&["cluster-0", "cluster-1"], vec![]), &[a, b]).expect_err("dup");
-    assert_eq!(
-        err.to_string(),
-        format!("ProxyPlanShard/cluster-1: spec.servicePorts[1].key: duplicate key {KEY}")
-    );
-}
-
-#[test]
-fn merge_cached_shares_unchanged_entries_and_checks_changed_shards_again() {
+fn merge_cached_shares_unchanged_entries_and_checks_changed_objects_again() {
     let other = "default/other:http/TCP/IPv4";
     let one = versioned(
-        cluster_shard(
-            "cluster-0",
-            vec![entry(KEY, "10.96.0.1", vec![ep("10.0.0.1", 80)])],
+        service(
+            "web",
+            vec![entry("web", "http", "10.96.0.1", vec![ep("10.0.0.1", 80)])],
         ),
         "1",
     );
     let two = versioned(
-        cluster_shard(
-            "cluster-1",
-            vec![entry(other, "10.96.0.2", vec![ep("10.0.0.2", 80)])],
+        service(
+            "other",
+            vec![entry(
+                "other",
+                "http",
+                "10.96.0.2",
+                vec![ep("10.0.0.2", 80)],
+            )],
         ),
         "1",
     );
@@ -283,7 +338,7 @@ fn merge_cached_shares_unchanged_entries_and_checks_changed_shards_again() {
         cluster_endpoints: None,
         local_endpoints: Some(vec![ep("10.0.0.2", 80)]),
     }];
-    let p = plan(&["cluster-0", "cluster-1"], overlay);
+    let p = plan(None, overlay);
     let mut cache = MergeCache::new();
     let first = merge_cached(&p, &[one.clone(), two.clone()], &mut cache).expect("merges");
     assert_eq!(
@@ -292,69 +347,63 @@ fn merge_cached_shares_unchanged_entries_and_checks_changed_shards_again() {
     );
     assert_eq!(cache.len(), 2);
 
-    // cluster-0 changes: its entry is new, and the overlaid entry of cluster-1 is a copy
-    // made by this merge (the cached one keeps the shard's content).
+    // web changes: its entry is new, and the overlaid entry of other is a copy made by
+    // this merge (the cached one keeps the object's content).
     let mut changed = one.clone();
     changed.spec.service_ports[0]
         .cluster_endpoints
         .push(ep("10.0.0.3", 80));
+    changed.spec.revision = "web-rev-2".into();
     let changed = versioned(changed, "2");
     let second = merge_cached(&p, &[changed.clone(), two.clone()], &mut cache).expect("merges");
     assert_eq!(second, merge(&p, &[changed, two.clone()]).expect("merges"));
     assert!(!Arc::ptr_eq(find(&first, KEY), find(&second, KEY)));
+    assert_ne!(first.services_fingerprint, second.services_fingerprint);
     assert_eq!(find(&second, other).local_endpoints, [ep("10.0.0.2", 80)]);
 
-    // Nothing changes: the unchanged shard's entries are the same allocations.
-    let plain = plan(&["cluster-0", "cluster-1"], vec![]);
+    // Nothing changes: the unchanged object's entries are the same allocations.
+    let plain = plan(None, vec![]);
     let third = merge_cached(&plain, &[one.clone(), two.clone()], &mut cache).expect("merges");
-    let fourth = merge_cached(&plain, &[one.clone(), two.clone()], &mut cache).expect("merges");
+    let fourth = merge_cached(&plain, &[two.clone(), one.clone()], &mut cache).expect("merges");
     assert!(Arc::ptr_eq(find(&third, KEY), find(&fourth, KEY)));
     assert!(Arc::ptr_eq(find(&third, other), find(&fourth, other)));
+    assert_eq!(third.services_fingerprint, fourth.services_fingerprint);
     assert!(
         find(&third, other).local_endpoints.is_empty(),
         "the overlay stays out of the cache"
     );
 
-    // A bad entry in a changed shard is refused even though the shard was cached.
+    // A bad new version of a cached object is refused, and its last good version stays.
     let mut bad = one.clone();
     bad.spec.service_ports[0].cluster_ip = "10.96.0".into();
     let bad = versioned(bad, "3");
-    let err = merge_cached(&plain, &[bad, two.clone()], &mut cache).expect_err("bad");
+    let kept = merge_cached(&plain, &[bad.clone(), two.clone()], &mut cache).expect("merges");
     assert!(
-        err.to_string().contains("spec.servicePorts[0].clusterIP"),
-        "{err}"
+        Arc::ptr_eq(find(&kept, KEY), find(&third, KEY)),
+        "last good"
     );
+    let refused = refusals(&kept);
+    assert_eq!(refused.len(), 1);
+    assert!(
+        refused[0].contains("ServiceProxyPlan/default/web: spec.servicePorts[0].clusterIP"),
+        "{refused:?}"
+    );
+    // Still refused (without checking again) while that version stays.
+    let again = merge_cached(&plain, &[bad, two.clone()], &mut cache).expect("merges");
+    assert_eq!(refusals(&again), refused);
+    assert_eq!(again.services_fingerprint, third.services_fingerprint);
 
-    // Shards no longer named leave the cache.
-    merge_cached(&plan(&["cluster-1"], vec![]), &[two], &mut cache).expect("merges");
+    // Objects no longer given leave the cache.
+    merge_cached(&plain, &[two], &mut cache).expect("merges");
     assert_eq!(cache.len(), 1);
 }
 
 #[test]
-fn a_shard_named_twice() {
-    let cluster = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
-    let err = merged(&plan(&["cluster-0", "cluster-0"], vec![]), &[cluster]).expect_err("twice");
-    assert_eq!(
-        err.to_string(),
-        format!("ProxyPlanShard/cluster-0: spec.servicePorts[0].key: duplicate key {KEY}")
-    );
-    let zone = zone_shard("zone-z1-0", "z1", vec![]);
-    let p = plan(&["cluster-0", "zone-z1-0", "zone-z1-0"], vec![]);
-    let cluster = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
-    assert_eq!(
-        merged(&p, &[cluster, zone])
-            .expect("valid")
-            .service_ports
-            .len(),
-        1
-    );
-}
-
-#[test]
-fn the_last_shard_of_a_name_is_merged() {
-    let first = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.1", vec![])]);
-    let last = cluster_shard("cluster-0", vec![entry(KEY, "10.96.0.2", vec![])]);
-    let m = merged(&plan(&["cluster-0"], vec![]), &[first, last]).expect("valid");
+fn the_last_object_of_a_name_is_merged() {
+    let first = service("web", vec![entry("web", "http", "10.96.0.1", vec![])]);
+    let last = service("web", vec![entry("web", "http", "10.96.0.2", vec![])]);
+    let m = merged(&plan(None, vec![]), &[first, last]).expect("valid");
+    assert_eq!(m.service_ports.len(), 1);
     assert_eq!(m.service_ports[0].cluster_ip, "10.96.0.2");
 }
 
@@ -374,170 +423,153 @@ impl Lcg {
 #[test]
 fn merge_cached_over_many_changes_equals_a_fresh_merge() {
     let mut rng = Lcg(7);
-    let key = |n: usize| format!("default/svc-{n:03}:http/TCP/IPv4");
-    let mut shards: Vec<ProxyPlanShard> = (0..4)
-        .map(|s| {
-            let entries = (0..30)
-                .map(|k| {
-                    let n = s * 100 + k * 3;
-                    entry(&key(n), "10.96.0.1", vec![ep("10.0.0.1", 80)])
+    let svc = |n: usize| format!("svc-{n:03}");
+    let mut objects: Vec<ServiceProxyPlan> = (0..40)
+        .map(|n| {
+            let entries = (0..1 + n % 3)
+                .map(|p| {
+                    entry(
+                        &svc(n),
+                        &format!("p{p}"),
+                        "10.96.0.1",
+                        vec![ep("10.0.0.1", 80)],
+                    )
                 })
                 .collect();
-            versioned(cluster_shard(&format!("cluster-{s}"), entries), "1")
+            versioned(service(&svc(n), entries), "1")
         })
         .collect();
     let mut version = 1;
     let mut cache = MergeCache::new();
-    let mut names = vec!["cluster-0", "cluster-1", "cluster-2", "cluster-3"];
-    let mut errors = 0;
-    let mut zone = zone_shard("zone-a", "z1", vec![]);
-    // Each edit adds an endpoint with a port of its own.
+    let mut duplicates = 0;
     let mut edits: u16 = 1000;
-    let mut overlay_key = key(0);
-    // A duplicate key added on purpose, taken out again at the next step.
-    let mut duplicate: Option<(usize, String)> = None;
+    let mut overlay_key = String::new();
+    let mut zone = "z1";
     for step in 0..300 {
-        if let Some((s, k)) = duplicate.take() {
-            let list = &mut shards[s].spec.service_ports;
-            if let Some(at) = list.iter().rposition(|e| e.key == k) {
-                list.remove(at);
-            }
-            version += 1;
-            shards[s].metadata.resource_version = Some(version.to_string());
-        }
-        // Change one or two shards: add, drop or edit entries, reorder them, and now and
-        // then add a key another shard holds.
+        // Change one or two objects: add, drop or edit entries and zone lists, reorder
+        // them, add or remove objects, and now and then a second part duplicating a key.
         for _ in 0..=rng.below(2) {
-            let s = rng.below(shards.len());
-            let taken: Vec<String> = shards
+            version += 1;
+            let at = rng.below(objects.len());
+            let name = objects[at].metadata.name.clone().unwrap_or_default();
+            let base = name.split('.').next().unwrap_or_default().to_owned();
+            let taken: Vec<String> = objects
                 .iter()
-                .flat_map(|sh| sh.spec.service_ports.iter().map(|e| e.key.clone()))
+                .filter_map(|o| o.metadata.name.clone())
                 .collect();
-            let list = &mut shards[s].spec.service_ports;
-            match rng.below(10) {
+            let len = objects[at].spec.service_ports.len();
+            let count = objects.len();
+            match rng.below(12) {
                 0 | 1 => {
-                    let n = (0..400)
-                        .map(|_| key(rng.below(400)))
-                        .find(|k| !taken.contains(k));
-                    if let Some(k) = n {
-                        list.push(entry(&k, "10.96.0.1", vec![]));
+                    let port = format!("q{}", rng.below(50));
+                    let list = &mut objects[at].spec.service_ports;
+                    if !list.iter().any(|e| e.port_name == port) {
+                        list.push(entry(&base, &port, "10.96.0.1", vec![]));
                     }
                 }
-                2 | 3 if !list.is_empty() => {
-                    let at = rng.below(list.len());
-                    list.remove(at);
+                2 if len > 0 => {
+                    let i = rng.below(len);
+                    objects[at].spec.service_ports.remove(i);
                 }
-                4..=6 if !list.is_empty() => {
-                    let at = rng.below(list.len());
+                3..=5 if len > 0 => {
+                    let i = rng.below(len);
                     edits += 1;
-                    list[at].cluster_endpoints.push(ep("10.0.0.9", edits));
+                    objects[at].spec.service_ports[i]
+                        .cluster_endpoints
+                        .push(ep("10.0.0.9", edits));
                 }
-                7 if duplicate.is_none() && !taken.is_empty() => {
-                    let k = taken[rng.below(taken.len())].clone();
-                    list.push(entry(&k, "10.96.0.2", vec![]));
-                    duplicate = Some((s, k));
+                6 if len > 0 => {
+                    let i = rng.below(len);
+                    edits += 1;
+                    let zone = ["z1", "z2"][rng.below(2)];
+                    objects[at].spec.service_ports[i].zone_endpoints = vec![ZoneEndpoints {
+                        zone: zone.into(),
+                        endpoints: vec![ep("10.0.0.7", edits)],
+                    }];
                 }
-                _ => list.reverse(),
+                7 if !name.contains('.') && len > 0 && !taken.contains(&format!("{base}.1")) => {
+                    let copy = objects[at].spec.service_ports[rng.below(len)].clone();
+                    let mut part = service(&format!("{base}.1"), vec![copy]);
+                    part.metadata.resource_version = Some(version.to_string());
+                    objects.push(part);
+                    duplicates += 1;
+                }
+                8 if count > 10 => {
+                    objects.remove(at);
+                    continue;
+                }
+                9 => {
+                    let n = 100 + rng.below(100);
+                    if !taken.contains(&svc(n)) {
+                        let entries = vec![entry(&svc(n), "p0", "10.96.0.1", vec![])];
+                        let mut fresh = service(&svc(n), entries);
+                        fresh.metadata.resource_version = Some(version.to_string());
+                        objects.push(fresh);
+                    }
+                    continue;
+                }
+                _ => objects[at].spec.service_ports.reverse(),
             }
-            version += 1;
-            shards[s].metadata.resource_version = Some(version.to_string());
+            objects[at].metadata.resource_version = Some(version.to_string());
         }
-        if step % 50 == 49 {
-            names.rotate_left(1);
-        }
-        // The plan's overlay and a zone shard's overrides change every few steps (a new
-        // resourceVersion each time) and otherwise stay as they were.
-        let some_key = |rng: &mut Lcg| {
+        if step % 10 == 0 {
             let all: Vec<&ServicePortPlan> =
-                shards.iter().flat_map(|s| &s.spec.service_ports).collect();
-            all.get(rng.below(all.len()))
-                .map_or_else(|| key(0), |e| e.key.clone())
-        };
-        if step % 5 == 0 {
-            overlay_key = some_key(&mut rng);
+                objects.iter().flat_map(|s| &s.spec.service_ports).collect();
+            overlay_key = all
+                .get(rng.below(all.len()))
+                .map_or_else(String::new, |e| e.key.clone());
         }
-        let present = |k: &str| {
-            shards
-                .iter()
-                .any(|s| s.spec.service_ports.iter().any(|e| e.key == k))
-        };
-        let stale = zone.spec.overrides.iter().any(|o| !present(&o.key));
-        if step % 7 == 0 || stale {
-            // Every other time the same keys with other endpoints.
-            let port = 81 + u16::try_from(step).unwrap_or(0);
-            let keys: Vec<String> = if step % 14 == 0 || stale || zone.spec.overrides.is_empty() {
-                (0..3).map(|_| some_key(&mut rng)).collect()
-            } else {
-                zone.spec.overrides.iter().map(|o| o.key.clone()).collect()
-            };
-            zone.spec.overrides = keys
-                .into_iter()
-                .map(|key| EndpointOverride {
-                    key,
-                    cluster_endpoints: Some(vec![ep("10.0.1.1", port)]),
-                    local_endpoints: None,
-                })
-                .collect();
-            zone.metadata.resource_version = Some(format!("z{step}"));
+        if step % 60 == 59 {
+            zone = if zone == "z1" { "z2" } else { "z1" };
         }
-        let overlay = vec![EndpointOverride {
-            key: overlay_key.clone(),
-            cluster_endpoints: None,
-            local_endpoints: Some(vec![ep("10.0.0.5", 80)]),
-        }];
-        let mut named = names.clone();
-        named.push("zone-a");
-        let mut p = plan(&named, overlay);
-        p.metadata.resource_version = Some(format!("p{}", step / 5));
-        let mut all = shards.clone();
-        all.push(zone.clone());
-        let fresh = merge(&p, &all);
-        let cached = merge_cached(&p, &all, &mut cache);
-        match (&fresh, &cached) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "step {step}"),
-            (Err(a), Err(b)) => {
-                errors += 1;
-                assert_eq!(a.to_string(), b.to_string(), "step {step}");
-            }
-            _ => panic!("step {step}: {fresh:?} vs {cached:?}"),
+        if step % 40 == 39 {
+            objects.reverse();
         }
+        let overlay = (!overlay_key.is_empty())
+            .then(|| EndpointOverride {
+                key: overlay_key.clone(),
+                cluster_endpoints: None,
+                local_endpoints: Some(vec![ep("10.0.0.5", 80)]),
+            })
+            .into_iter()
+            .collect();
+        let mut p = plan(Some(zone), overlay);
+        p.metadata.resource_version = Some(format!("p{}", step / 10));
+        let fresh = merge(&p, &objects).expect("the node plan is fine");
+        let cached = merge_cached(&p, &objects, &mut cache).expect("the node plan is fine");
+        assert_eq!(fresh, cached, "step {step}");
     }
-    // Both outcomes were exercised, mostly successful merges.
-    assert!(errors > 0 && errors < 120, "{errors} errors");
+    assert!(duplicates > 3, "{duplicates} duplicate parts made");
 }
 
 #[test]
 fn an_unchanged_override_of_an_unchanged_entry_is_the_same_allocation() {
-    let cluster = versioned(
-        cluster_shard(
-            "cluster-0",
-            vec![entry(KEY, "10.96.0.1", vec![ep("10.0.0.1", 80)])],
+    let web = versioned(
+        service(
+            "web",
+            vec![entry("web", "http", "10.96.0.1", vec![ep("10.0.0.1", 80)])],
         ),
         "1",
     );
-    let zone = |version: &str, port: u16| {
-        versioned(
-            zone_shard(
-                "zone-a",
-                "z1",
-                vec![EndpointOverride {
-                    key: KEY.into(),
-                    cluster_endpoints: Some(vec![ep("10.0.0.2", port)]),
-                    local_endpoints: None,
-                }],
-            ),
-            version,
-        )
+    let with_overlay = |version: &str, port: u16| {
+        let mut p = plan(
+            None,
+            vec![EndpointOverride {
+                key: KEY.into(),
+                cluster_endpoints: Some(vec![ep("10.0.0.2", port)]),
+                local_endpoints: None,
+            }],
+        );
+        p.metadata.resource_version = Some(version.into());
+        p
     };
-    let mut p = plan(&["cluster-0", "zone-a"], vec![]);
-    p.metadata.resource_version = Some("7".into());
     let mut cache = MergeCache::new();
-    let shards = [cluster.clone(), zone("1", 80)];
-    let first = merge_cached(&p, &shards, &mut cache).expect("merges");
-    let second = merge_cached(&p, &shards, &mut cache).expect("merges");
+    let objects = [web];
+    let first = merge_cached(&with_overlay("7", 80), &objects, &mut cache).expect("merges");
+    let second = merge_cached(&with_overlay("7", 80), &objects, &mut cache).expect("merges");
     assert!(Arc::ptr_eq(find(&first, KEY), find(&second, KEY)));
     assert_eq!(find(&second, KEY).cluster_endpoints, [ep("10.0.0.2", 80)]);
-    // A new version of the zone shard is applied again.
-    let third = merge_cached(&p, &[cluster, zone("2", 81)], &mut cache).expect("merges");
+    // A new version of the node plan is applied again.
+    let third = merge_cached(&with_overlay("8", 81), &objects, &mut cache).expect("merges");
     assert_eq!(find(&third, KEY).cluster_endpoints, [ep("10.0.0.2", 81)]);
 }

@@ -113,7 +113,7 @@ class Defaults(unittest.TestCase):
             crds = [yaml.safe_load(c["data"]) for c in chart.crds]
         self.assertEqual(
             sorted(c["metadata"]["name"] for c in crds),
-            ["nodeproxyplans.proxyplan.dev", "proxyplanshards.proxyplan.dev"],
+            ["nodeproxyplans.proxyplan.dev", "serviceproxyplans.proxyplan.dev"],
         )
 
     def test_namespaced_objects_in_release_namespace(self) -> None:
@@ -130,9 +130,10 @@ class Defaults(unittest.TestCase):
                 ("discovery.k8s.io", ["endpointslices"], READ),
                 (
                     "proxyplan.dev",
-                    ["nodeproxyplans", "proxyplanshards"],
+                    ["nodeproxyplans", "serviceproxyplans"],
                     READ + ["create", "patch", "update", "delete"],
                 ),
+                ("events.k8s.io", ["events"], ["create", "patch"]),
             ),
         )
         role = find(self.objects, "Role")
@@ -150,7 +151,7 @@ class Defaults(unittest.TestCase):
         self.assertEqual(
             rules(find(self.objects, "ClusterRole", "proxyplan-agent")),
             expand(
-                ("proxyplan.dev", ["nodeproxyplans", "proxyplanshards"], READ),
+                ("proxyplan.dev", ["nodeproxyplans", "serviceproxyplans"], READ),
                 ("proxyplan.dev", ["nodeproxyplans/status"], ["patch"]),
             ),
         )
@@ -319,7 +320,6 @@ class Defaults(unittest.TestCase):
         self.assertFalse([a for a in args if a.startswith("--cluster-cidr")])
         for flag in (
             "--detect-local-mode=ClusterCIDR",
-            "--cluster-shards=128",
             "--min-sync-interval=1s",
             f"--leader-election-namespace={NAMESPACE}",
         ):
@@ -352,7 +352,6 @@ OVERRIDES = {
         "clusterCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"],
         "masqueradeAll": True,
         "detectLocalMode": "NodeCIDR",
-        "clusterShards": 64,
         "minSyncInterval": "2s",
         "image": {"repository": "registry.example/pp-controller", "tag": "v9", "pullPolicy": "Always"},
     },
@@ -384,7 +383,6 @@ class Overrides(unittest.TestCase):
         for flag in (
             "--masquerade-all",
             "--detect-local-mode=NodeCIDR",
-            "--cluster-shards=64",
             "--min-sync-interval=2s",
         ):
             self.assertIn(flag, args)
@@ -435,7 +433,7 @@ class Schema(unittest.TestCase):
             {"agent": {"iptablesBackend": "both"}},
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
-            {"controller": {"clusterShards": 0}},
+            {"controller": {"clusterShards": 64}},
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},
             {"controller": {"minSyncInterval": "soon"}},
             {"controller": {"replica": 2}},

@@ -34,7 +34,10 @@ impl ControlPlane {
             return if path.is_file() {
                 Ok(path)
             } else {
-                Err(format!("{SCRIPT_VARIABLE}={} is not a file", path.display()))
+                Err(format!(
+                    "{SCRIPT_VARIABLE}={} is not a file",
+                    path.display()
+                ))
             };
         }
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -27,7 +27,7 @@
 //! 192.0.2.0/24, pod CIDRs in 10.250.0.0/16, tainted `proxyplan.dev/e2e-fake-node:
 //! NoSchedule`; nothing runs on them), and selector-less Services of every kind with
 //! hand-written EndpointSlices. The controller plans every node and Service of the
-//! cluster, so plans and shards for the cluster's own nodes are left behind. Clean-up
+//! cluster, so plans and Service plans for the cluster's own nodes are left behind. Clean-up
 //! (also after a failure, a panic or Ctrl-C) deletes the Services, slices and fake Nodes,
 //! lets the controller drop their plans and entries, stops every process, deletes the
 //! network namespaces and the namespace. Logs are kept in `$TMPDIR/proxyplan-e2e-<run
@@ -73,7 +73,7 @@ const SCENARIOS: [&str; 7] = [
     "controller_writes_a_plan_per_node",
     "merged_plans_hold_every_service_kind",
     "agents_apply_their_plans_and_report_ready",
-    "endpoint_change_propagates_to_shards_and_agents",
+    "endpoint_change_propagates_to_its_service_plan_and_agents",
     "local_endpoint_move_rewrites_only_those_nodes_plans",
     "deleted_node_loses_its_plan",
 ];
@@ -134,7 +134,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcomes = runtime.block_on(run(PathBuf::from(kubeconfig)));
+    let outcomes = runtime.block_on(run(kubeconfig));
     let failures: Vec<(&str, String)> = outcomes
         .iter()
         .filter_map(|(name, result)| result.clone().err().map(|e| (*name, e)))
@@ -194,7 +194,9 @@ async fn scenario(suite: &mut Suite, name: &str) -> Result<(), String> {
         }
         "merged_plans_hold_every_service_kind" => suite.merged_plans().await,
         "agents_apply_their_plans_and_report_ready" => suite.agents_ready().await,
-        "endpoint_change_propagates_to_shards_and_agents" => suite.endpoint_change().await,
+        "endpoint_change_propagates_to_its_service_plan_and_agents" => {
+            suite.endpoint_change().await
+        }
         "local_endpoint_move_rewrites_only_those_nodes_plans" => suite.local_move().await,
         "deleted_node_loses_its_plan" => suite.node_deletion().await,
         other => Err(format!("unknown scenario {other}")),

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use proxyplan_controller::{Planner, PlannerConfig};
-use proxyplan_crds::{LocalTrafficMode, ProxyPlanShard};
+use proxyplan_crds::LocalTrafficMode;
 use proxyplan_tests::e2e::expect::{NodeView, differences, expected_entries};
 use proxyplan_tests::e2e::fixtures::{self, World};
 use proxyplan_tests::e2e::forward;
@@ -48,15 +48,13 @@ fn allocated(world: &World, dual_stack: bool) -> Vec<Service> {
     services
 }
 
-/// The controller's planner with the suite's settings (`--cluster-cidr`, 4 cluster
-/// shards, 1 zone shard), fed the fake nodes plus one node that is not the suite's.
+/// The controller's planner with the suite's settings (`--cluster-cidr`), fed the fake
+/// nodes plus one node that is not the suite's.
 fn planner(world: &World, services: &[Service], slices: &[EndpointSlice]) -> Planner {
     let config = PlannerConfig::new(
         &[fixtures::CLUSTER_CIDR.to_owned()],
         false,
         LocalTrafficMode::ClusterCIDR,
-        4,
-        1,
     )
     .unwrap();
     let mut planner = Planner::new(config);
@@ -71,7 +69,7 @@ fn planner(world: &World, services: &[Service], slices: &[EndpointSlice]) -> Pla
 }
 
 /// Every fake node's merged plan matches the suite's expectation; returns each node's
-/// plan revision and every shard revision.
+/// plan revision and every Service plan's revision.
 fn check_all(
     world: &World,
     services: &[Service],
@@ -105,7 +103,7 @@ fn check_all(
         );
         plans.insert(node.name.clone(), plan.spec.revision.clone());
         for shard in node_shards {
-            shards.insert(shard.metadata.name.clone().unwrap(), shard.spec.revision);
+            shards.insert(proxyplan_crds::object_key(&shard), shard.spec.revision);
         }
     }
     (plans, shards)
@@ -130,7 +128,7 @@ fn fixtures_give_the_merged_plans_the_suite_expects() {
 }
 
 #[test]
-fn an_endpoint_change_rewrites_one_shard_and_no_plan() {
+fn an_endpoint_change_rewrites_one_service_plan_and_no_node_plan() {
     let world = World::new("5eed01");
     let services = allocated(&world, false);
     let mut slices = world.slices(false);
@@ -139,8 +137,11 @@ fn an_endpoint_change_rewrites_one_shard_and_no_plan() {
     let (plans_after, shards_after) = check_all(&world, &services, &slices);
     assert_eq!(changed(&plans, &plans_after), Vec::<String>::new());
     let moved = changed(&shards, &shards_after);
-    assert_eq!(moved.len(), 1, "{moved:?}");
-    assert!(moved[0].starts_with("cluster-"), "{moved:?}");
+    assert_eq!(
+        moved,
+        [format!("{}/{}", world.namespace, fixtures::CLUSTER_IP)],
+        "{moved:?}"
+    );
 }
 
 #[test]
@@ -203,13 +204,9 @@ fn a_wrong_expectation_is_reported() {
         differences(&own, &fewer, &world.namespace),
         [format!("{}/udp:/UDP/IPv4: missing", world.namespace)]
     );
-    // Shards are named in the plan; none is missing.
-    let names: Vec<&str> = plan.spec.shards.iter().map(|s| s.name.as_str()).collect();
-    let have: Vec<String> = shards
-        .iter()
-        .map(|s: &ProxyPlanShard| s.metadata.name.clone().unwrap())
-        .collect();
-    assert!(names.iter().all(|n| have.iter().any(|h| h == n)));
+    // One Service plan per Service, each named after its Service.
+    assert_eq!(shards.len(), services.len());
+    assert!(merged.unmatched.is_empty() && merged.refused.is_empty());
 }
 
 fn is_root() -> bool {

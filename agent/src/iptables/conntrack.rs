@@ -609,6 +609,7 @@ mod tests {
             internal: cluster,
             external: None,
             cluster_endpoints: endpoints.iter().map(|e| ep(e)).collect(),
+            zone_endpoints: Vec::new(),
             local_endpoints: vec![],
             masquerade: MasqueradePlan {
                 all: false,
@@ -624,7 +625,9 @@ mod tests {
         UdpPaths::from_plan(&MergedPlan {
             node_name: "n".into(),
             revision: "r".into(),
-            shard_revisions: BTreeMap::new(),
+            services_fingerprint: 0,
+            refused: Vec::new(),
+            unmatched: Vec::new(),
             addresses: vec![],
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
@@ -683,7 +686,9 @@ mod tests {
         MergedPlan {
             node_name: "n".into(),
             revision: "r".into(),
-            shard_revisions: BTreeMap::new(),
+            services_fingerprint: 0,
+            refused: Vec::new(),
+            unmatched: Vec::new(),
             addresses: vec![],
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,

@@ -211,6 +211,14 @@ impl Hasher for ContentHasher {
     }
 }
 
+fn endpoints_into<H: Hasher>(hasher: &mut H, list: &[Endpoint]) {
+    hasher.write_usize(list.len());
+    for Endpoint { ip, port } in list {
+        text_into(hasher, ip);
+        hasher.write_u16(*port);
+    }
+}
+
 /// Feeds every field of `entry` into `hasher`, lengths and `Option`/enum tags included
 /// (so different entries never feed the same bytes). Every struct is destructured
 /// without `..` and every enum matched in full: a field or variant added to the plan
@@ -234,6 +242,7 @@ pub fn hash_entry<H: Hasher>(hasher: &mut H, entry: &ServicePortPlan) {
         internal,
         external,
         cluster_endpoints,
+        zone_endpoints,
         local_endpoints,
         masquerade,
     } = entry;
@@ -271,12 +280,12 @@ pub fn hash_entry<H: Hasher>(hasher: &mut H, entry: &ServicePortPlan) {
     }
     traffic_into(hasher, Some(internal));
     traffic_into(hasher, external.as_ref());
-    for list in [cluster_endpoints, local_endpoints] {
-        hasher.write_usize(list.len());
-        for Endpoint { ip, port } in list {
-            text_into(hasher, ip);
-            hasher.write_u16(*port);
-        }
+    endpoints_into(hasher, cluster_endpoints);
+    endpoints_into(hasher, local_endpoints);
+    hasher.write_usize(zone_endpoints.len());
+    for zone in zone_endpoints {
+        text_into(hasher, &zone.zone);
+        endpoints_into(hasher, &zone.endpoints);
     }
     let MasqueradePlan {
         all,
@@ -398,6 +407,7 @@ mod tests {
                 ip: "10.0.0.1".into(),
                 port: 8080,
             }],
+            zone_endpoints: Vec::new(),
             local_endpoints: vec![],
             masquerade: MasqueradePlan {
                 all: false,

@@ -557,7 +557,9 @@ mod tests {
         let plan = Arc::new(MergedPlan {
             node_name: "n".into(),
             revision: "r".into(),
-            shard_revisions: BTreeMap::new(),
+            services_fingerprint: 0,
+            refused: Vec::new(),
+            unmatched: Vec::new(),
             addresses: vec!["10.10.0.1".parse().unwrap()],
             local_traffic: serde_json::from_str(
                 r#"{"mode":"ClusterCIDR","cidrs":["10.244.0.0/16"]}"#,

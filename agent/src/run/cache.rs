@@ -1,49 +1,35 @@
-//! What the watches have shown: this node's plan and the shards it may name. A plain
+//! What the watches have shown: this node's plan and every Service's plan. A plain
 //! struct updated event by event, nothing async; [`PlanCache::evaluate`] turns it into
 //! the plan to program.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
+use proxyplan_crds::lenient::{DecodeError, Lenient};
 use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ProxyPlanShard, merge_cached, zone_slug,
+    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ServiceProxyPlan, merge_cached, object_key,
 };
 
-/// Which watch a shard came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShardSource {
-    /// `proxyplan.dev/scope=cluster`.
-    Cluster,
-    /// `proxyplan.dev/zone=<this node's zone>`.
-    Zone,
-}
-
-/// What the current plan and shards amount to.
+/// What the current plan and Service plans amount to.
 #[derive(Debug)]
 pub enum PlanOutcome {
     /// The watches have not listed yet.
     NotListed,
     /// There is no plan for this node.
     NoPlan,
-    /// The plan names shards the agent has not seen: wait for them.
-    Waiting {
-        /// The plan's revision.
-        revision: String,
-        /// The missing shards, in the plan's order.
-        missing: Vec<String>,
-    },
-    /// The plan or a shard it names is invalid: the plan is refused whole.
+    /// The node plan is invalid: it is refused whole.
     Invalid {
-        /// The plan's revision.
+        /// The plan's revision (empty when the plan could not be decoded at all).
         revision: String,
         /// The first problem, naming object and field.
         error: PlanError,
     },
-    /// The plan to program.
+    /// The plan to program. Service plans that were refused, and overlay entries whose
+    /// Service plan has not arrived, are listed in it.
     Merged(Arc<MergedPlan>),
 }
 
@@ -60,71 +46,66 @@ pub struct Change {
     pub changed_at: Option<SystemTime>,
 }
 
-/// Shards by name, kept in one vector so a merge borrows them without copying.
+/// Service plans by `namespace/name`, kept in one vector so a merge borrows them without
+/// copying.
 #[derive(Debug, Default)]
-struct ShardStore {
-    shards: Vec<ProxyPlanShard>,
-    sources: Vec<ShardSource>,
+struct ServiceStore {
+    objects: Vec<ServiceProxyPlan>,
     index: HashMap<String, usize>,
 }
 
-impl ShardStore {
-    fn get(&self, name: &str) -> Option<&ProxyPlanShard> {
-        self.index.get(name).map(|&i| &self.shards[i])
+impl ServiceStore {
+    fn get(&self, key: &str) -> Option<&ServiceProxyPlan> {
+        self.index.get(key).and_then(|&i| self.objects.get(i))
     }
 
-    fn upsert(&mut self, source: ShardSource, shard: ProxyPlanShard) {
-        let name = shard.name_any();
-        if let Some(&i) = self.index.get(&name) {
-            self.shards[i] = shard;
-            self.sources[i] = source;
+    fn upsert(&mut self, key: String, object: ServiceProxyPlan) {
+        if let Some(&i) = self.index.get(&key)
+            && let Some(slot) = self.objects.get_mut(i)
+        {
+            *slot = object;
         } else {
-            self.index.insert(name, self.shards.len());
-            self.shards.push(shard);
-            self.sources.push(source);
+            self.index.insert(key, self.objects.len());
+            self.objects.push(object);
         }
     }
 
-    fn remove(&mut self, name: &str) {
-        let Some(i) = self.index.remove(name) else {
-            return;
+    fn remove(&mut self, key: &str) -> bool {
+        let Some(i) = self.index.remove(key) else {
+            return false;
         };
-        self.shards.swap_remove(i);
-        self.sources.swap_remove(i);
-        if let Some(moved) = self.shards.get(i) {
-            self.index.insert(moved.name_any(), i);
+        self.objects.swap_remove(i);
+        if let Some(moved) = self.objects.get(i) {
+            self.index.insert(object_key(moved), i);
         }
+        true
     }
 
-    fn names_from(&self, source: ShardSource) -> Vec<String> {
-        self.shards
-            .iter()
-            .zip(&self.sources)
-            .filter(|(_, s)| **s == source)
-            .map(|(shard, _)| shard.name_any())
-            .collect()
+    fn keys(&self) -> Vec<String> {
+        self.index.keys().cloned().collect()
     }
 }
 
-/// The plan and shards as the watches have shown them.
+/// The plan and Service plans as the watches have shown them.
 #[derive(Debug, Default)]
 pub struct PlanCache {
     plan: Option<NodeProxyPlan>,
+    /// Why the plan object could not be decoded, if it could not.
+    plan_undecodable: Option<(String, DecodeError)>,
     plan_listed: bool,
-    plan_relist: Option<Vec<NodeProxyPlan>>,
-    shards: ShardStore,
-    cluster_listed: bool,
-    cluster_relist: Option<Vec<ProxyPlanShard>>,
-    zone_watch: Option<String>,
-    zone_listed: bool,
-    zone_relist: Option<Vec<ProxyPlanShard>>,
-    /// Cluster shards already validated, so a merge after one shard changed checks and
-    /// copies only that shard. It holds their entries: the stored objects drop theirs.
+    plan_relist: Option<Vec<Lenient<NodeProxyPlan>>>,
+    services: ServiceStore,
+    /// Service plans whose newest version could not be decoded, by `namespace/name`.
+    undecodable: BTreeMap<String, DecodeError>,
+    services_listed: bool,
+    services_relist: Option<Vec<Lenient<ServiceProxyPlan>>>,
+    /// Service plans already validated, so a merge after one changed checks and copies
+    /// only that one. It holds their entries: the stored objects drop theirs.
     merges: Merges,
 }
 
-/// The merge cache, keeping a shard's entries until the shard leaves the store: once it
-/// holds them, the stored object's own copy is dropped (half the agent's plan memory).
+/// The merge cache, keeping an object's entries until the object leaves the store: once
+/// it holds them, the stored object's own copy is dropped (half the agent's plan memory).
 #[derive(Debug)]
 struct Merges(MergeCache);
 
@@ -135,13 +116,13 @@ impl Default for Merges {
 }
 
 impl Merges {
-    /// Whether `shard`'s entries are held here instead of in the object.
-    fn holds(&self, shard: &ProxyPlanShard) -> bool {
-        shard
+    /// Whether `object`'s entries are held here instead of in the object.
+    fn holds(&self, object: &ServiceProxyPlan) -> bool {
+        object
             .metadata
             .resource_version
             .as_deref()
-            .is_some_and(|version| self.0.holds(&shard.name_any(), version))
+            .is_some_and(|version| self.0.holds(&object_key(object), version))
     }
 }
 
@@ -152,44 +133,20 @@ impl PlanCache {
         self.plan.as_ref()
     }
 
-    /// The slug of the zone whose shards the plan needs, if it has a zone.
-    #[must_use]
-    pub fn wanted_zone(&self) -> Option<String> {
-        self.plan
-            .as_ref()
-            .and_then(|p| p.spec.zone.as_deref())
-            .map(zone_slug)
-    }
-
-    /// Whether every needed watch has listed once (the zone watch for the wanted zone).
+    /// Whether both watches have listed once.
     #[must_use]
     pub fn listed(&self) -> bool {
-        self.plan_listed
-            && self.cluster_listed
-            && (self.wanted_zone().is_none()
-                || (self.zone_listed && self.zone_watch == self.wanted_zone()))
+        self.plan_listed && self.services_listed
     }
 
-    /// Records that the zone watch now follows `slug`: the previous zone's shards are
-    /// forgotten. Returns whether that matters to the plan.
-    pub fn watch_zone(&mut self, slug: Option<String>) -> bool {
-        if slug == self.zone_watch {
-            return false;
-        }
-        self.zone_watch = slug;
-        self.zone_listed = false;
-        self.zone_relist = None;
-        let mut relevant = false;
-        for name in self.shards.names_from(ShardSource::Zone) {
-            relevant |= self.is_named(&name);
-            self.shards.remove(&name);
-            self.merges.0.forget(&name);
-        }
-        relevant
+    /// How many Service plans the agent holds.
+    #[must_use]
+    pub fn service_plans(&self) -> usize {
+        self.services.objects.len()
     }
 
     /// Applies one event of the plan watch.
-    pub fn plan_event(&mut self, event: Event<NodeProxyPlan>) -> Change {
+    pub fn plan_event(&mut self, event: Event<Lenient<NodeProxyPlan>>) -> Change {
         match event {
             Event::Init => {
                 self.plan_relist = Some(Vec::new());
@@ -207,7 +164,7 @@ impl PlanCache {
                 change
             }
             Event::Apply(plan) => {
-                let changed_at = Some(change_time(&plan.metadata));
+                let changed_at = plan.object.as_ref().ok().map(|p| change_time(&p.metadata));
                 let mut change = self.replace_plan(Some(plan));
                 if change.relevant {
                     change.changed_at = changed_at;
@@ -218,19 +175,38 @@ impl PlanCache {
         }
     }
 
-    fn replace_plan(&mut self, plan: Option<NodeProxyPlan>) -> Change {
-        let old = self.plan.take();
-        let relevant = match (&old, &plan) {
-            (Some(old), Some(new)) => {
-                old.spec != new.spec || old.metadata.generation != new.metadata.generation
+    fn replace_plan(&mut self, plan: Option<Lenient<NodeProxyPlan>>) -> Change {
+        let (plan, undecodable) = match plan {
+            None => (None, None),
+            Some(lenient) => {
+                let name = lenient.name_any();
+                let uid = lenient.uid();
+                match lenient.object {
+                    Ok(plan) => (Some(plan), None),
+                    Err(err) => {
+                        // Keep the identity so that a recreated object is still told
+                        // apart; the spec is unusable.
+                        let mut stub = NodeProxyPlan::new(&name, blank_spec(&name));
+                        stub.metadata.uid = uid;
+                        (Some(stub), Some((name, err)))
+                    }
+                }
             }
-            (None, None) => false,
-            _ => true,
         };
+        let old = self.plan.take();
+        let relevant = undecodable != self.plan_undecodable
+            || match (&old, &plan) {
+                (Some(old), Some(new)) => {
+                    old.spec != new.spec || old.metadata.generation != new.metadata.generation
+                }
+                (None, None) => false,
+                _ => true,
+            };
         let new_object = plan
             .as_ref()
             .is_some_and(|new| old.as_ref().is_none_or(|old| old.uid() != new.uid()));
         self.plan = plan;
+        self.plan_undecodable = undecodable;
         Change {
             relevant,
             new_object,
@@ -238,83 +214,89 @@ impl PlanCache {
         }
     }
 
-    /// Applies one event of a shard watch. Events of a zone watch that is no longer
-    /// followed are ignored.
-    pub fn shard_event(
-        &mut self,
-        source: ShardSource,
-        zone: Option<&str>,
-        event: Event<ProxyPlanShard>,
-    ) -> Change {
-        if source == ShardSource::Zone && zone != self.zone_watch.as_deref() {
-            return Change::default();
-        }
-        let relist = match source {
-            ShardSource::Cluster => &mut self.cluster_relist,
-            ShardSource::Zone => &mut self.zone_relist,
-        };
+    /// Applies one event of the Service plan watch.
+    pub fn service_event(&mut self, event: Event<Lenient<ServiceProxyPlan>>) -> Change {
         match event {
             Event::Init => {
-                *relist = Some(Vec::new());
+                self.services_relist = Some(Vec::new());
                 Change::default()
             }
-            Event::InitApply(shard) => {
-                relist.get_or_insert_with(Vec::new).push(shard);
+            Event::InitApply(object) => {
+                self.services_relist
+                    .get_or_insert_with(Vec::new)
+                    .push(object);
                 Change::default()
             }
             Event::InitDone => {
-                let listed = relist.take().unwrap_or_default();
-                match source {
-                    ShardSource::Cluster => self.cluster_listed = true,
-                    ShardSource::Zone => self.zone_listed = true,
-                }
-                self.replace_shards(source, listed)
+                let listed = self.services_relist.take().unwrap_or_default();
+                self.services_listed = true;
+                self.replace_services(listed)
             }
-            Event::Apply(shard) => {
-                let name = shard.name_any();
-                let changed_at = change_time(&shard.metadata);
-                let relevant = self.is_named(&name)
-                    && match self.shards.get(&name) {
-                        None => true,
-                        // Entries dropped: the same resourceVersion is the same content.
-                        Some(held)
-                            if held.spec.service_ports.is_empty() && self.merges.holds(held) =>
-                        {
-                            held.metadata.resource_version != shard.metadata.resource_version
-                        }
-                        Some(held) => held.spec != shard.spec,
-                    };
-                self.shards.upsert(source, shard);
+            Event::Apply(object) => {
+                let changed_at = object
+                    .object
+                    .as_ref()
+                    .ok()
+                    .map(|o| change_time(&o.metadata));
+                let relevant = self.upsert(object);
                 Change {
                     relevant,
                     new_object: false,
-                    changed_at: relevant.then_some(changed_at),
+                    changed_at: relevant.then_some(changed_at).flatten(),
                 }
             }
-            Event::Delete(shard) => {
-                let name = shard.name_any();
-                let relevant = self.is_named(&name) && self.shards.get(&name).is_some();
-                self.shards.remove(&name);
-                self.merges.0.forget(&name);
+            Event::Delete(object) => {
+                let key = qualified(&object);
+                let had = self.services.remove(&key);
+                let was_undecodable = self.undecodable.remove(&key).is_some();
+                self.merges.0.forget(&key);
                 Change {
-                    relevant,
+                    relevant: had || was_undecodable,
                     ..Change::default()
                 }
             }
         }
     }
 
-    fn replace_shards(&mut self, source: ShardSource, listed: Vec<ProxyPlanShard>) -> Change {
-        let fresh: HashMap<String, ProxyPlanShard> =
-            listed.into_iter().map(|s| (s.name_any(), s)).collect();
-        for name in self.shards.names_from(source) {
-            if !fresh.contains_key(&name) {
-                self.shards.remove(&name);
-                self.merges.0.forget(&name);
+    /// Stores one Service plan; returns whether the plan to program may differ.
+    fn upsert(&mut self, lenient: Lenient<ServiceProxyPlan>) -> bool {
+        let key = qualified(&lenient);
+        match lenient.object {
+            Ok(object) => {
+                let was_undecodable = self.undecodable.remove(&key).is_some();
+                let relevant = was_undecodable
+                    || match self.services.get(&key) {
+                        None => true,
+                        // Entries dropped: the same resourceVersion is the same content.
+                        Some(held)
+                            if held.spec.service_ports.is_empty() && self.merges.holds(held) =>
+                        {
+                            held.metadata.resource_version != object.metadata.resource_version
+                        }
+                        Some(held) => held.spec != object.spec,
+                    };
+                self.services.upsert(key, object);
+                relevant
+            }
+            Err(err) => {
+                // The last good version (if any) stays stored and merged.
+                self.undecodable.insert(key, err).is_none()
             }
         }
-        for shard in fresh.into_values() {
-            self.shards.upsert(source, shard);
+    }
+
+    fn replace_services(&mut self, listed: Vec<Lenient<ServiceProxyPlan>>) -> Change {
+        let fresh: HashMap<String, Lenient<ServiceProxyPlan>> =
+            listed.into_iter().map(|o| (qualified(&o), o)).collect();
+        for key in self.services.keys() {
+            if !fresh.contains_key(&key) {
+                self.services.remove(&key);
+                self.merges.0.forget(&key);
+            }
+        }
+        self.undecodable.retain(|key, _| fresh.contains_key(key));
+        for object in fresh.into_values() {
+            self.upsert(object);
         }
         // A completed list always counts: it may be what a sync waits for, and a sync
         // whose merged plan is unchanged costs a merge, not a kernel update.
@@ -324,13 +306,7 @@ impl PlanCache {
         }
     }
 
-    fn is_named(&self, shard: &str) -> bool {
-        self.plan
-            .as_ref()
-            .is_some_and(|p| p.spec.shards.iter().any(|r| r.name == shard))
-    }
-
-    /// Validates and merges the plan with the shards it names.
+    /// Validates and merges the plan with every Service plan.
     #[must_use]
     pub fn evaluate(&mut self) -> PlanOutcome {
         if !self.listed() {
@@ -339,26 +315,30 @@ impl PlanCache {
         let Some(plan) = &self.plan else {
             return PlanOutcome::NoPlan;
         };
-        let missing: Vec<String> = plan
-            .spec
-            .shards
-            .iter()
-            .filter(|r| self.shards.get(&r.name).is_none())
-            .map(|r| r.name.clone())
-            .collect();
-        if !missing.is_empty() {
-            return PlanOutcome::Waiting {
-                revision: plan.spec.revision.clone(),
-                missing,
+        if let Some((name, err)) = &self.plan_undecodable {
+            return PlanOutcome::Invalid {
+                revision: String::new(),
+                error: PlanError::InvalidField {
+                    object: format!("NodeProxyPlan/{name}"),
+                    field: err.path.clone(),
+                    reason: err.message.clone(),
+                },
             };
         }
-        match merge_cached(plan, &self.shards.shards, &mut self.merges.0) {
-            Ok(merged) => {
-                // The cache holds these shards' validated entries now.
-                for shard in &mut self.shards.shards {
-                    if !shard.spec.service_ports.is_empty() && self.merges.holds(shard) {
-                        shard.spec.service_ports = Vec::new();
+        match merge_cached(plan, &self.services.objects, &mut self.merges.0) {
+            Ok(mut merged) => {
+                // The cache holds these objects' validated entries now.
+                for object in &mut self.services.objects {
+                    if !object.spec.service_ports.is_empty() && self.merges.holds(object) {
+                        object.spec.service_ports = Vec::new();
                     }
+                }
+                for (key, err) in &self.undecodable {
+                    merged.refused.push(PlanError::InvalidField {
+                        object: format!("ServiceProxyPlan/{key}"),
+                        field: err.path.clone(),
+                        reason: err.message.clone(),
+                    });
                 }
                 PlanOutcome::Merged(Arc::new(merged))
             }
@@ -367,6 +347,30 @@ impl PlanCache {
                 error,
             },
         }
+    }
+}
+
+/// `namespace/name` of a watched object.
+fn qualified<K: kube::Resource>(object: &K) -> String {
+    format!(
+        "{}/{}",
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+fn blank_spec(name: &str) -> proxyplan_crds::NodeProxyPlanSpec {
+    proxyplan_crds::NodeProxyPlanSpec {
+        node_name: name.to_owned(),
+        revision: String::new(),
+        zone: None,
+        pod_cidrs: Vec::new(),
+        addresses: Vec::new(),
+        local_traffic: proxyplan_crds::LocalTrafficDetection {
+            mode: proxyplan_crds::LocalTrafficMode::ClusterCIDR,
+            cidrs: Vec::new(),
+        },
+        overlay: Vec::new(),
     }
 }
 
@@ -386,97 +390,69 @@ pub fn change_time(meta: &ObjectMeta) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
-    use proxyplan_crds::{
-        LocalTrafficDetection, LocalTrafficMode, NodeProxyPlanSpec, ProxyPlanShardSpec, ShardRef,
-        ShardScope,
-    };
+    use proxyplan_crds::ServiceProxyPlanSpec;
 
     use super::*;
 
-    fn plan(revision: &str, zone: Option<&str>, shards: &[&str]) -> NodeProxyPlan {
-        let mut plan = NodeProxyPlan::new(
-            "node-a",
-            NodeProxyPlanSpec {
-                node_name: "node-a".to_owned(),
-                revision: revision.to_owned(),
-                zone: zone.map(str::to_owned),
-                pod_cidrs: Vec::new(),
-                addresses: Vec::new(),
-                local_traffic: LocalTrafficDetection {
-                    mode: LocalTrafficMode::ClusterCIDR,
-                    cidrs: Vec::new(),
-                },
-                shards: shards
+    fn lenient<K>(object: K) -> Lenient<K>
+    where
+        K: kube::Resource,
+    {
+        let meta = object.meta().clone();
+        Lenient::decoded(meta, object)
+    }
+
+    fn plan(revision: &str) -> Lenient<NodeProxyPlan> {
+        let mut spec = blank_spec("node-a");
+        spec.revision = revision.to_owned();
+        let mut plan = NodeProxyPlan::new("node-a", spec);
+        plan.metadata.uid = Some("uid-1".to_owned());
+        lenient(plan)
+    }
+
+    /// A Service plan `demo/<name>` at `version` with one entry per port name.
+    fn service(name: &str, version: &str, ports: &[&str]) -> Lenient<ServiceProxyPlan> {
+        let mut object = ServiceProxyPlan::new(
+            name,
+            ServiceProxyPlanSpec {
+                revision: version.to_owned(),
+                service_ports: ports
                     .iter()
-                    .map(|s| ShardRef {
-                        name: (*s).to_owned(),
+                    .enumerate()
+                    .map(|(i, port)| {
+                        serde_json::from_str(&format!(
+                            r#"{{"key":"demo/{name}:{port}/TCP/IPv4","namespace":"demo",
+                            "name":"{name}","portName":"{port}",
+                            "family":"IPv4","protocol":"TCP","port":80,"clusterIP":"10.96.0.{}",
+                            "internal":{{"policy":"Cluster","whenEmpty":"Reject"}},
+                            "masquerade":{{"all":false,"offClusterToClusterIP":false,
+                            "external":false,"localHostToExternal":false,"hairpin":true}}}}"#,
+                            i + 1
+                        ))
+                        .unwrap()
                     })
                     .collect(),
-                overlay: Vec::new(),
             },
         );
-        plan.metadata.uid = Some("uid-1".to_owned());
-        plan
+        object.metadata.namespace = Some("demo".to_owned());
+        object.metadata.resource_version = Some(version.to_owned());
+        lenient(object)
     }
 
-    fn shard(name: &str, revision: &str, zone: Option<&str>) -> ProxyPlanShard {
-        ProxyPlanShard::new(
-            name,
-            ProxyPlanShardSpec {
-                scope: if zone.is_some() {
-                    ShardScope::Zone
-                } else {
-                    ShardScope::Cluster
-                },
-                zone: zone.map(str::to_owned),
-                revision: revision.to_owned(),
-                service_ports: Vec::new(),
-                overrides: Vec::new(),
-            },
-        )
-    }
-
-    fn listed(cache: &mut PlanCache, plan: NodeProxyPlan, cluster: Vec<ProxyPlanShard>) {
+    fn listed(
+        cache: &mut PlanCache,
+        plan: Lenient<NodeProxyPlan>,
+        services: Vec<Lenient<ServiceProxyPlan>>,
+    ) {
         cache.plan_event(Event::Init);
         cache.plan_event(Event::InitApply(plan));
         cache.plan_event(Event::InitDone);
-        cache.shard_event(ShardSource::Cluster, None, Event::Init);
-        for s in cluster {
-            cache.shard_event(ShardSource::Cluster, None, Event::InitApply(s));
+        cache.service_event(Event::Init);
+        for s in services {
+            cache.service_event(Event::InitApply(s));
         }
-        cache.shard_event(ShardSource::Cluster, None, Event::InitDone);
-    }
-
-    fn revisions(outcome: &PlanOutcome) -> BTreeMap<String, String> {
-        match outcome {
-            PlanOutcome::Merged(m) => m.shard_revisions.clone(),
-            other => panic!("not merged: {other:?}"),
-        }
-    }
-
-    /// A cluster shard at `version` with one entry per key.
-    fn versioned(name: &str, version: &str, keys: &[&str]) -> ProxyPlanShard {
-        let mut s = shard(name, version, None);
-        s.metadata.resource_version = Some(version.to_owned());
-        s.spec.service_ports = keys
-            .iter()
-            .enumerate()
-            .map(|(i, key)| {
-                serde_json::from_str(&format!(
-                    r#"{{"key":"{key}","namespace":"demo","name":"{key}","portName":"http",
-                    "family":"IPv4","protocol":"TCP","port":80,"clusterIP":"10.96.0.{}",
-                    "internal":{{"policy":"Cluster","whenEmpty":"Reject"}},
-                    "masquerade":{{"all":false,"offClusterToClusterIP":false,"external":false,
-                    "localHostToExternal":false,"hairpin":true}}}}"#,
-                    i + 1
-                ))
-                .unwrap()
-            })
-            .collect();
-        s
+        cache.service_event(Event::InitDone);
     }
 
     fn keys(outcome: &PlanOutcome) -> Vec<String> {
@@ -486,64 +462,52 @@ mod tests {
         }
     }
 
-    /// Once merged, a cluster shard's entries live only in the merge cache; the merges
-    /// after that are the same, also when the plan stops naming the shard and names it
-    /// again, and a new version of the shard brings its new entries.
+    /// Once merged, a Service plan's entries live only in the merge cache; the merges
+    /// after that are the same, and a new version of the object brings its new entries.
     #[test]
-    fn merged_shards_keep_their_entries_in_the_merge_cache_only() {
+    fn merged_service_plans_keep_their_entries_in_the_merge_cache_only() {
         let mut cache = PlanCache::default();
-        let a = versioned("cluster-a", "1", &["a/x", "a/y"]);
-        let b = versioned("cluster-b", "1", &["b/z"]);
-        listed(
-            &mut cache,
-            plan("r1", None, &["cluster-a", "cluster-b"]),
-            vec![a.clone(), b],
-        );
-        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
-        let held = |cache: &PlanCache, name: &str| {
-            cache.shards.get(name).unwrap().spec.service_ports.len()
-        };
+        let a = service("a", "1", &["x", "y"]);
+        let b = service("b", "1", &["z"]);
+        listed(&mut cache, plan("r1"), vec![a.clone(), b]);
         assert_eq!(
-            held(&cache, "cluster-a"),
-            0,
-            "entries dropped from the object"
+            keys(&cache.evaluate()),
+            [
+                "demo/a:x/TCP/IPv4",
+                "demo/a:y/TCP/IPv4",
+                "demo/b:z/TCP/IPv4"
+            ]
         );
-        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
+        let held = |cache: &PlanCache, key: &str| {
+            cache.services.get(key).unwrap().spec.service_ports.len()
+        };
+        assert_eq!(held(&cache, "demo/a"), 0, "entries dropped from the object");
+        assert_eq!(keys(&cache.evaluate()).len(), 3);
 
         // The same version again changes nothing.
-        let same = cache.shard_event(ShardSource::Cluster, None, Event::Apply(a));
+        let same = cache.service_event(Event::Apply(a));
         assert!(!same.relevant);
-        assert!(matches!(cache.evaluate(), PlanOutcome::Merged(_)));
-        assert_eq!(held(&cache, "cluster-a"), 0);
+        assert_eq!(keys(&cache.evaluate()).len(), 3);
 
-        // Unnamed, then named again: the cache kept the entries.
-        cache.plan_event(Event::Apply(plan("r2", None, &["cluster-b"])));
-        assert_eq!(keys(&cache.evaluate()), ["b/z"]);
-        cache.plan_event(Event::Apply(plan("r3", None, &["cluster-a", "cluster-b"])));
-        assert_eq!(keys(&cache.evaluate()), ["a/x", "a/y", "b/z"]);
-
-        // A new version brings its entries; a deleted shard is forgotten.
-        let a2 = versioned("cluster-a", "2", &["a/w"]);
-        assert!(
-            cache
-                .shard_event(ShardSource::Cluster, None, Event::Apply(a2))
-                .relevant
+        // A new version brings its entries; a deleted object is forgotten.
+        let a2 = service("a", "2", &["w"]);
+        assert!(cache.service_event(Event::Apply(a2)).relevant);
+        assert_eq!(
+            keys(&cache.evaluate()),
+            ["demo/a:w/TCP/IPv4", "demo/b:z/TCP/IPv4"]
         );
-        assert_eq!(keys(&cache.evaluate()), ["a/w", "b/z"]);
-        let gone = versioned("cluster-b", "1", &[]);
-        cache.shard_event(ShardSource::Cluster, None, Event::Delete(gone));
-        assert!(!cache.merges.0.holds("cluster-b", "1"));
-        assert!(matches!(cache.evaluate(), PlanOutcome::Waiting { .. }));
+        let gone = cache.service_event(Event::Delete(service("b", "1", &[])));
+        assert!(gone.relevant);
+        assert!(!cache.merges.0.holds("demo/b", "1"));
+        assert_eq!(keys(&cache.evaluate()), ["demo/a:w/TCP/IPv4"]);
 
         // A re-list of the same versions merges as before.
-        let a2 = versioned("cluster-a", "2", &["a/w"]);
-        let b = versioned("cluster-b", "1", &["b/z"]);
-        cache.shard_event(ShardSource::Cluster, None, Event::Init);
-        cache.shard_event(ShardSource::Cluster, None, Event::InitApply(a2));
-        cache.shard_event(ShardSource::Cluster, None, Event::InitApply(b));
-        cache.shard_event(ShardSource::Cluster, None, Event::InitDone);
-        assert_eq!(keys(&cache.evaluate()), ["a/w", "b/z"]);
-        assert_eq!(held(&cache, "cluster-b"), 0);
+        cache.service_event(Event::Init);
+        cache.service_event(Event::InitApply(service("a", "2", &["w"])));
+        cache.service_event(Event::InitApply(service("b", "1", &["z"])));
+        cache.service_event(Event::InitDone);
+        assert_eq!(keys(&cache.evaluate()).len(), 2);
+        assert_eq!(held(&cache, "demo/b"), 0);
     }
 
     #[test]
@@ -553,118 +517,88 @@ mod tests {
         cache.plan_event(Event::Init);
         cache.plan_event(Event::InitDone);
         assert!(matches!(cache.evaluate(), PlanOutcome::NotListed));
-        cache.shard_event(ShardSource::Cluster, None, Event::Init);
-        cache.shard_event(ShardSource::Cluster, None, Event::InitDone);
+        cache.service_event(Event::Init);
+        cache.service_event(Event::InitDone);
         assert!(matches!(cache.evaluate(), PlanOutcome::NoPlan));
     }
 
     #[test]
-    fn a_zoned_plan_waits_for_its_zone_list_then_for_missing_shards() {
+    fn only_spec_changes_are_relevant() {
+        let mut cache = PlanCache::default();
+        listed(&mut cache, plan("p1"), vec![service("a", "1", &["x"])]);
+        let mut with_status = plan("p1");
+        if let Ok(p) = &mut with_status.object {
+            p.status = Some(proxyplan_crds::NodeProxyPlanStatus::default());
+        }
+        let change = cache.plan_event(Event::Apply(with_status));
+        assert!(!change.relevant && !change.new_object, "status-only update");
+        let mut recreated = plan("p1");
+        if let Ok(p) = &mut recreated.object {
+            p.metadata.uid = Some("uid-2".to_owned());
+        }
+        kube::Resource::meta_mut(&mut recreated).uid = Some("uid-2".to_owned());
+        assert!(cache.plan_event(Event::Apply(recreated)).new_object);
+    }
+
+    #[test]
+    fn an_undecodable_service_plan_is_refused_alone_and_its_last_good_version_kept() {
         let mut cache = PlanCache::default();
         listed(
             &mut cache,
-            plan(
-                "p1",
-                Some("Zone A"),
-                &["cluster-0", "cluster-1", "zone-a-0"],
-            ),
-            vec![shard("cluster-0", "c0", None)],
+            plan("p1"),
+            vec![service("a", "1", &["x"]), service("b", "1", &["y"])],
         );
-        assert_eq!(cache.wanted_zone(), Some(zone_slug("Zone A")));
-        assert!(matches!(cache.evaluate(), PlanOutcome::NotListed));
-        assert!(!cache.watch_zone(cache.wanted_zone()));
-        let slug = cache.wanted_zone();
-        let zone = Some("Zone A");
-        cache.shard_event(ShardSource::Zone, slug.as_deref(), Event::Init);
-        cache.shard_event(
-            ShardSource::Zone,
-            slug.as_deref(),
-            Event::InitApply(shard("zone-a-0", "z0", zone)),
-        );
-        cache.shard_event(ShardSource::Zone, slug.as_deref(), Event::InitDone);
+        assert_eq!(keys(&cache.evaluate()).len(), 2);
+        let odd: Lenient<ServiceProxyPlan> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyplan.dev/v1alpha1",
+            "kind": "ServiceProxyPlan",
+            "metadata": {"name": "a", "namespace": "demo", "resourceVersion": "2"},
+            "spec": {"revision": "2", "servicePorts": [{"key": "demo/a:x/QUIC/IPv4"}]}
+        }))
+        .unwrap();
+        assert!(cache.service_event(Event::Apply(odd)).relevant);
         match cache.evaluate() {
-            PlanOutcome::Waiting { revision, missing } => {
-                assert_eq!(
-                    (revision.as_str(), missing),
-                    ("p1", vec!["cluster-1".to_owned()])
+            PlanOutcome::Merged(m) => {
+                assert_eq!(m.service_ports.len(), 2, "the last good version stays");
+                assert_eq!(m.refused.len(), 1);
+                let text = m.refused[0].to_string();
+                assert!(
+                    text.starts_with("ServiceProxyPlan/demo/a: spec.servicePorts[0]"),
+                    "{text}"
                 );
             }
             other => panic!("{other:?}"),
         }
-        let change = cache.shard_event(
-            ShardSource::Cluster,
-            None,
-            Event::Apply(shard("cluster-1", "c1", None)),
+        assert!(
+            cache
+                .service_event(Event::Apply(service("a", "3", &["x"])))
+                .relevant
         );
-        assert!(change.relevant);
-        assert!(change.changed_at.is_some());
-        let merged = revisions(&cache.evaluate());
-        assert_eq!(merged.len(), 3);
-    }
-
-    #[test]
-    fn only_changes_to_named_shards_and_plan_specs_are_relevant() {
-        let mut cache = PlanCache::default();
-        listed(
-            &mut cache,
-            plan("p1", None, &["cluster-0"]),
-            vec![shard("cluster-0", "c0", None)],
-        );
-        let same = cache.shard_event(
-            ShardSource::Cluster,
-            None,
-            Event::Apply(shard("cluster-0", "c0", None)),
-        );
-        assert!(!same.relevant, "same spec");
-        let other = cache.shard_event(
-            ShardSource::Cluster,
-            None,
-            Event::Apply(shard("cluster-9", "c9", None)),
-        );
-        assert!(!other.relevant, "not named by the plan");
-        let mut with_status = plan("p1", None, &["cluster-0"]);
-        with_status.status = Some(proxyplan_crds::NodeProxyPlanStatus::default());
-        let change = cache.plan_event(Event::Apply(with_status));
-        assert!(!change.relevant && !change.new_object, "status-only update");
-        let mut recreated = plan("p1", None, &["cluster-0"]);
-        recreated.metadata.uid = Some("uid-2".to_owned());
-        assert!(cache.plan_event(Event::Apply(recreated)).new_object);
-        let gone = cache.shard_event(
-            ShardSource::Cluster,
-            None,
-            Event::Delete(shard("cluster-0", "c0", None)),
-        );
-        assert!(gone.relevant);
-        assert!(matches!(cache.evaluate(), PlanOutcome::Waiting { .. }));
-    }
-
-    #[test]
-    fn moving_zone_forgets_the_old_zones_shards_and_ignores_its_stragglers() {
-        let mut cache = PlanCache::default();
-        listed(&mut cache, plan("p1", Some("a"), &["zone-a-0"]), Vec::new());
-        cache.watch_zone(Some("a".to_owned()));
-        cache.shard_event(ShardSource::Zone, Some("a"), Event::Init);
-        cache.shard_event(
-            ShardSource::Zone,
-            Some("a"),
-            Event::InitApply(shard("zone-a-0", "z", Some("a"))),
-        );
-        cache.shard_event(ShardSource::Zone, Some("a"), Event::InitDone);
-        assert!(matches!(cache.evaluate(), PlanOutcome::Merged(_)));
-
-        cache.plan_event(Event::Apply(plan("p2", Some("b"), &["zone-b-0"])));
-        assert!(!cache.listed(), "the b zone has not listed");
-        cache.watch_zone(Some("b".to_owned()));
-        let straggler = cache.shard_event(
-            ShardSource::Zone,
-            Some("a"),
-            Event::Apply(shard("zone-b-0", "z", Some("b"))),
-        );
-        assert!(!straggler.relevant);
-        cache.shard_event(ShardSource::Zone, Some("b"), Event::Init);
-        cache.shard_event(ShardSource::Zone, Some("b"), Event::InitDone);
         match cache.evaluate() {
-            PlanOutcome::Waiting { missing, .. } => assert_eq!(missing, ["zone-b-0"]),
+            PlanOutcome::Merged(m) => assert!(m.refused.is_empty()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_undecodable_plan_is_refused_with_the_field_named() {
+        let mut cache = PlanCache::default();
+        let odd: Lenient<NodeProxyPlan> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyplan.dev/v1alpha1",
+            "kind": "NodeProxyPlan",
+            "metadata": {"name": "node-a", "uid": "u"},
+            "spec": {"nodeName": "node-a", "revision": "r",
+                     "localTraffic": {"mode": "SomethingNew"}}
+        }))
+        .unwrap();
+        listed(&mut cache, odd, Vec::new());
+        match cache.evaluate() {
+            PlanOutcome::Invalid { error, .. } => {
+                assert!(
+                    error.to_string().contains("spec.localTraffic.mode"),
+                    "{error}"
+                );
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -672,8 +606,10 @@ mod tests {
     #[test]
     fn an_invalid_plan_is_refused_with_the_field_named() {
         let mut cache = PlanCache::default();
-        let mut bad = plan("p1", None, &[]);
-        bad.spec.pod_cidrs = vec!["10.0.0.0/40".to_owned()];
+        let mut bad = plan("p1");
+        if let Ok(p) = &mut bad.object {
+            p.spec.pod_cidrs = vec!["10.0.0.0/40".to_owned()];
+        }
         listed(&mut cache, bad, Vec::new());
         match cache.evaluate() {
             PlanOutcome::Invalid { error, .. } => {

@@ -372,6 +372,7 @@ mod tests {
                 when_empty: EmptyAction::Drop,
             }),
             cluster_endpoints: Vec::new(),
+            zone_endpoints: Vec::new(),
             local_endpoints: local
                 .iter()
                 .map(|ip| Endpoint {
@@ -393,7 +394,9 @@ mod tests {
         MergedPlan {
             node_name: "node-a".to_owned(),
             revision: "r1".to_owned(),
-            shard_revisions: BTreeMap::new(),
+            services_fingerprint: 0,
+            refused: Vec::new(),
+            unmatched: Vec::new(),
             addresses: Vec::new(),
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,

@@ -197,7 +197,7 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
         info!(node = %settings.node_name, mode = %settings.mode, "starting");
         let mut sync = SyncLoop::new(&settings, dataplane, metrics, health, status_tx)?;
         let result = tokio::select! {
-            result = sync.run(watches.own(), |slug| watches.zone_shards(slug), shutdown) => result,
+            result = sync.run(watches.all(), shutdown) => result,
             result = http => Err(match result {
                 Ok(Err(err)) => err,
                 _ => RunError::Http {

@@ -1,11 +1,11 @@
-//! Plan files: a node's plan and the shards it names, as multi-document YAML (or JSON),
+//! Plan files: a node's plan and every Service's plan, as multi-document YAML (or JSON),
 //! as `proxyplan-controller plan --node NAME` prints them. Used by `check` and `apply`.
 
 use std::path::Path;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proxyplan_crds::{
-    NodeProxyPlan, NodeProxyPlanSpec, NodeProxyPlanStatus, ProxyPlanShard, ProxyPlanShardSpec,
+    NodeProxyPlan, NodeProxyPlanSpec, NodeProxyPlanStatus, ServiceProxyPlan, ServiceProxyPlanSpec,
 };
 use serde::de::{self, EnumAccess, IgnoredAny, MapAccess, SeqAccess, VariantAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -21,7 +21,7 @@ pub enum PlanFileError {
         /// The error.
         source: std::io::Error,
     },
-    /// A document is not YAML, or not a valid plan or shard.
+    /// A document is not YAML, or not a valid node plan or Service plan.
     #[error("{path}: document {document}: {source}")]
     Parse {
         /// The file.
@@ -33,7 +33,7 @@ pub enum PlanFileError {
     },
     /// A document of another kind.
     #[error(
-        "{path}: document {document}: unexpected kind {kind:?} (want NodeProxyPlan or ProxyPlanShard)"
+        "{path}: document {document}: unexpected kind {kind:?} (want NodeProxyPlan or ServiceProxyPlan)"
     )]
     UnexpectedKind {
         /// The file.
@@ -56,8 +56,8 @@ pub enum PlanFileError {
 /// Reads a plan file.
 ///
 /// # Errors
-/// When the file cannot be read or does not hold exactly one plan plus shards.
-pub fn read(path: &Path) -> Result<(NodeProxyPlan, Vec<ProxyPlanShard>), PlanFileError> {
+/// When the file cannot be read or does not hold exactly one plan plus Service plans.
+pub fn read(path: &Path) -> Result<(NodeProxyPlan, Vec<ServiceProxyPlan>), PlanFileError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| PlanFileError::Read {
         path: shown.clone(),
@@ -72,13 +72,13 @@ pub fn read(path: &Path) -> Result<(NodeProxyPlan, Vec<ProxyPlanShard>), PlanFil
 /// the type), so a document is never held as a generic YAML tree beside its typed copy.
 ///
 /// # Errors
-/// When the text does not hold exactly one plan plus shards.
+/// When the text does not hold exactly one plan plus Service plans.
 pub fn parse(
     text: &str,
     path: &str,
-) -> Result<(NodeProxyPlan, Vec<ProxyPlanShard>), PlanFileError> {
+) -> Result<(NodeProxyPlan, Vec<ServiceProxyPlan>), PlanFileError> {
     let mut plans = Vec::new();
-    let mut shards = Vec::new();
+    let mut services = Vec::new();
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let parsed =
             PlanDocument::deserialize(document).map_err(|source| PlanFileError::Parse {
@@ -88,9 +88,9 @@ pub fn parse(
             })?;
         match parsed {
             PlanDocument::Plan(plan) => plans.push(*plan),
-            PlanDocument::Shard(mut shard) => {
-                fit_shard(&mut shard);
-                shards.push(*shard);
+            PlanDocument::Service(mut service) => {
+                fit_service(&mut service);
+                services.push(*service);
             }
             PlanDocument::Empty => {}
             PlanDocument::Other(kind) => {
@@ -109,17 +109,18 @@ pub fn parse(
         });
     }
     let plan = plans.remove(0);
-    Ok((plan, shards))
+    Ok((plan, services))
 }
 
-/// Gives back the room a shard's lists were left with: a YAML sequence does not say how
-/// long it is, so its list grew by doubling. Done while parsing goes on, the freed room is
-/// reused by the next documents.
-fn fit_shard(shard: &mut ProxyPlanShard) {
-    let spec = &mut shard.spec;
+/// Gives back the room a Service plan's lists were left with: a YAML sequence does not
+/// say how long it is, so its list grew by doubling. Done while parsing goes on, the freed
+/// room is reused by the next documents.
+fn fit_service(service: &mut ServiceProxyPlan) {
+    let spec = &mut service.spec;
     for entry in &mut spec.service_ports {
         entry.cluster_endpoints.shrink_to_fit();
         entry.local_endpoints.shrink_to_fit();
+        entry.zone_endpoints.shrink_to_fit();
     }
     spec.service_ports.shrink_to_fit();
 }
@@ -127,7 +128,7 @@ fn fit_shard(shard: &mut ProxyPlanShard) {
 /// One document of a plan file.
 enum PlanDocument {
     Plan(Box<NodeProxyPlan>),
-    Shard(Box<ProxyPlanShard>),
+    Service(Box<ServiceProxyPlan>),
     /// A document of another kind; `None` when it has no string `kind` (or is no mapping).
     Other(Option<String>),
     /// An empty (null) document.
@@ -158,7 +159,7 @@ enum Dispatch {
     /// No `kind` read yet.
     Unknown,
     Plan,
-    Shard,
+    Service,
     /// Another kind, or a `kind` that is not a string: the rest is skipped.
     Other,
 }
@@ -205,10 +206,10 @@ impl<T> Slot<T> {
     }
 }
 
-/// The spec of a plan or of a shard.
+/// The spec of a node plan or of a Service plan.
 enum Spec {
     Plan(NodeProxyPlanSpec),
-    Shard(ProxyPlanShardSpec),
+    Service(ServiceProxyPlanSpec),
 }
 
 /// The top-level fields of one mapping document, read in any order.
@@ -236,21 +237,21 @@ impl DocumentFields {
                 let kind = value.as_str().map(str::to_owned);
                 self.dispatch = match kind.as_deref() {
                     Some("NodeProxyPlan") => Dispatch::Plan,
-                    Some("ProxyPlanShard") => Dispatch::Shard,
+                    Some("ServiceProxyPlan") => Dispatch::Service,
                     _ => Dispatch::Other,
                 };
                 self.kind = Some(kind);
                 Ok(())
             }
-            (DocumentKey::Metadata, Dispatch::Unknown | Dispatch::Plan | Dispatch::Shard) => self
+            (DocumentKey::Metadata, Dispatch::Unknown | Dispatch::Plan | Dispatch::Service) => self
                 .metadata
                 .fill(map, "metadata", dispatch, MapAccess::next_value),
-            (DocumentKey::Spec, Dispatch::Unknown | Dispatch::Plan | Dispatch::Shard) => {
+            (DocumentKey::Spec, Dispatch::Unknown | Dispatch::Plan | Dispatch::Service) => {
                 self.spec.fill(map, "spec", dispatch, |map| {
                     if dispatch == Dispatch::Plan {
                         map.next_value().map(Spec::Plan)
                     } else {
-                        map.next_value().map(Spec::Shard)
+                        map.next_value().map(Spec::Service)
                     }
                 })
             }
@@ -258,7 +259,7 @@ impl DocumentFields {
                 self.status
                     .fill(map, "status", dispatch, MapAccess::next_value)
             }
-            // A shard has no status; other kinds and other fields (`apiVersion`, ...) are
+            // A Service plan has no status; other kinds and other fields (`apiVersion`, ...) are
             // not read.
             _ => map.next_value::<IgnoredAny>().map(drop),
         }
@@ -272,7 +273,7 @@ impl DocumentFields {
             spec,
             status,
         } = self;
-        if !matches!(dispatch, Dispatch::Plan | Dispatch::Shard) {
+        if !matches!(dispatch, Dispatch::Plan | Dispatch::Service) {
             return Ok(PlanDocument::Other(kind.flatten()));
         }
         let metadata = metadata
@@ -283,7 +284,7 @@ impl DocumentFields {
                 if dispatch == Dispatch::Plan {
                     serde_yaml::from_value(value).map(Spec::Plan)
                 } else {
-                    serde_yaml::from_value(value).map(Spec::Shard)
+                    serde_yaml::from_value(value).map(Spec::Service)
                 }
             })?
             .ok_or_else(|| de::Error::missing_field("spec"))?;
@@ -293,7 +294,9 @@ impl DocumentFields {
                 spec,
                 status: status.finish(serde_yaml::from_value)?.flatten(),
             })),
-            Spec::Shard(spec) => PlanDocument::Shard(Box::new(ProxyPlanShard { metadata, spec })),
+            Spec::Service(spec) => {
+                PlanDocument::Service(Box::new(ServiceProxyPlan { metadata, spec }))
+            }
         })
     }
 }
@@ -311,7 +314,7 @@ impl<'de> Visitor<'de> for DocumentVisitor {
     type Value = PlanDocument;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a NodeProxyPlan or ProxyPlanShard")
+        f.write_str("a NodeProxyPlan or ServiceProxyPlan")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PlanDocument, A::Error> {
@@ -391,17 +394,15 @@ spec:
   revision: r1
   localTraffic:
     mode: ClusterCIDR
-  shards:
-  - name: cluster-0
 ";
 
-    const SHARD: &str = "\
+    const SERVICE: &str = "\
 apiVersion: proxyplan.dev/v1alpha1
-kind: ProxyPlanShard
+kind: ServiceProxyPlan
 metadata:
-  name: cluster-0
+  name: web
+  namespace: default
 spec:
-  scope: Cluster
   revision: s1
   servicePorts:
   - key: default/web:http/TCP/IPv4
@@ -430,7 +431,7 @@ spec:
         text: &str,
     ) -> (
         proxyplan_crds::NodeProxyPlan,
-        Vec<proxyplan_crds::ProxyPlanShard>,
+        Vec<proxyplan_crds::ServiceProxyPlan>,
     ) {
         parse(text, "plan.yaml").expect("valid plan file")
     }
@@ -440,33 +441,35 @@ spec:
     }
 
     #[test]
-    fn reads_a_plan_and_its_shards() {
-        let (plan, shards) = parse_ok(&format!("---\n{PLAN}---\n{SHARD}"));
+    fn reads_a_plan_and_its_service_plans() {
+        let (plan, services) = parse_ok(&format!("---\n{PLAN}---\n{SERVICE}"));
         assert_eq!(plan.metadata.name.as_deref(), Some("n1"));
         assert_eq!(plan.spec.revision, "r1");
-        assert_eq!(shards.len(), 1);
-        assert_eq!(shards[0].metadata.name.as_deref(), Some("cluster-0"));
-        assert_eq!(shards[0].spec.service_ports[0].cluster_endpoints.len(), 1);
-        let merged = proxyplan_crds::merge(&plan, &shards).expect("merges");
+        assert_eq!(services.len(), 1);
+        assert_eq!(services[0].metadata.name.as_deref(), Some("web"));
+        assert_eq!(services[0].spec.service_ports[0].cluster_endpoints.len(), 1);
+        let merged = proxyplan_crds::merge(&plan, &services).expect("merges");
         assert_eq!(merged.service_ports.len(), 1);
     }
 
     #[test]
-    fn shard_lists_keep_no_spare_room() {
-        let (_, shards) = parse_ok(&format!("{PLAN}---\n{SHARD}"));
-        let spec = &shards[0].spec;
+    fn service_plan_lists_keep_no_spare_room() {
+        let (_, services) = parse_ok(&format!("{PLAN}---\n{SERVICE}"));
+        let spec = &services[0].spec;
         assert_eq!(spec.service_ports.capacity(), 1);
         assert_eq!(spec.service_ports[0].cluster_endpoints.capacity(), 1);
     }
 
     #[test]
     fn field_order_and_empty_documents_do_not_matter() {
-        // `kind` after `spec`, the shard before the plan, empty documents in between.
-        let reordered = SHARD.replacen("kind: ProxyPlanShard\n", "", 1) + "kind: ProxyPlanShard\n";
-        let (plan, shards) = parse_ok(&format!("---\n---\n{reordered}---\n{PLAN}---\n"));
+        // `kind` after `spec`, the Service plan before the node plan, empty documents in
+        // between.
+        let reordered =
+            SERVICE.replacen("kind: ServiceProxyPlan\n", "", 1) + "kind: ServiceProxyPlan\n";
+        let (plan, services) = parse_ok(&format!("---\n---\n{reordered}---\n{PLAN}---\n"));
         assert_eq!(plan.spec.node_name, "n1");
-        assert_eq!(shards[0].spec.revision, "s1");
-        assert_eq!(shards[0].spec.service_ports[0].port, 80);
+        assert_eq!(services[0].spec.revision, "s1");
+        assert_eq!(services[0].spec.service_ports[0].port, 80);
     }
 
     #[test]
@@ -510,17 +513,18 @@ spec:
         let plan = r#"{"apiVersion": "proxyplan.dev/v1alpha1", "kind": "NodeProxyPlan",
             "metadata": {"name": "n1"},
             "spec": {"nodeName": "n1", "revision": "r1",
-                     "localTraffic": {"mode": "NodeCIDR"}, "shards": []}}"#;
-        let (plan, shards) = parse_ok(plan);
+                     "localTraffic": {"mode": "NodeCIDR"}}}"#;
+        let (plan, services) = parse_ok(plan);
         assert_eq!(plan.spec.node_name, "n1");
-        assert!(shards.is_empty());
-        let shard = r#"{"kind": "ProxyPlanShard", "metadata": {"name": "zone-a"},
-            "spec": {"scope": "Zone", "zone": "a", "revision": "s2"}}"#;
-        let (_, shards) = parse_ok(&format!(
+        assert!(services.is_empty());
+        let shard = r#"{"kind": "ServiceProxyPlan",
+            "metadata": {"name": "web", "namespace": "a"}, "spec": {"revision": "s2"}}"#;
+        let (_, services) = parse_ok(&format!(
             "{}\n---\n{shard}\n",
-            r#"{"kind": "NodeProxyPlan", "metadata": {"name": "n1"}, "spec": {"nodeName": "n1", "revision": "r1", "localTraffic": {"mode": "NodeCIDR"}, "shards": []}}"#
+            r#"{"kind": "NodeProxyPlan", "metadata": {"name": "n1"}, "spec": {"nodeName": "n1", "revision": "r1", "localTraffic": {"mode": "NodeCIDR"}}}"#
         ));
-        assert_eq!(shards[0].spec.zone.as_deref(), Some("a"));
+        assert_eq!(services[0].metadata.namespace.as_deref(), Some("a"));
+        assert_eq!(services[0].spec.revision, "s2");
     }
 
     #[test]
@@ -530,7 +534,7 @@ spec:
         ));
         assert_eq!(
             err.to_string(),
-            "plan.yaml: document 2: unexpected kind Some(\"Service\") (want NodeProxyPlan or ProxyPlanShard)"
+            "plan.yaml: document 2: unexpected kind Some(\"Service\") (want NodeProxyPlan or ServiceProxyPlan)"
         );
         for other in [
             "metadata: {name: x}\n",
@@ -555,7 +559,7 @@ spec:
 
     #[test]
     fn exactly_one_plan() {
-        let err = parse_err(SHARD);
+        let err = parse_err(SERVICE);
         assert_eq!(
             err.to_string(),
             "plan.yaml: expected exactly one NodeProxyPlan, found 0"
@@ -576,7 +580,7 @@ spec:
     fn parse_errors_name_the_document() {
         let (document, cause) = parse_failure(&format!(
             "{PLAN}---\n{}",
-            SHARD.replace("port: 80\n", "port: eighty\n")
+            SERVICE.replace("port: 80\n", "port: eighty\n")
         ));
         assert_eq!(document, 2);
         assert!(cause.contains("expected u16"), "{cause}");

@@ -3,10 +3,10 @@
 //! manager [`FIELD_MANAGER`], and only when it changed.
 //!
 //! DESIGN §2 invariant 2 (an endpoint change of a Cluster-policy Service costs O(1) API
-//! writes whatever the node count) forbids a status write on every node for every shard
-//! revision. So [`StatusGate`] writes at once when a condition or the applied plan
-//! revision changes, but holds changes of `appliedShards` and the counts to one write per
-//! minimum interval; the sync duration alone, like `lastTransitionTime`, is never a change.
+//! writes whatever the node count) forbids a status write on every node for every
+//! Service change. So [`StatusGate`] writes at once when a condition or the applied plan
+//! revision changes, but holds changes of the counts to one write per minimum interval;
+//! the sync duration alone, like `lastTransitionTime`, is never a change.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use proxyplan_crds::runtime::Backoff;
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, NodeProxyPlanStatus};
 use serde_json::json;
 use tokio::sync::watch;
@@ -32,17 +33,26 @@ pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const READY: &str = "Ready";
 /// Condition type: something needs attention.
 pub const DEGRADED: &str = "Degraded";
-/// Delay before retrying a failed status write.
-pub const STATUS_RETRY: Duration = Duration::from_secs(5);
+/// First wait before retrying a failed status write.
+pub const STATUS_RETRY_INITIAL: Duration = Duration::from_secs(1);
+/// Longest wait before retrying a failed status write: 5,000 agents retrying against an
+/// API server that struggles must not keep it down.
+pub const STATUS_RETRY_MAX: Duration = Duration::from_secs(60);
 
-/// `Ready` reason: the last sync applied the current plan revision and all its shards.
+/// `Ready` reason: the last sync applied the current plan revision and every Service
+/// plan received.
 pub const REASON_SYNCED: &str = "Synced";
 /// `Ready` reason: the last sync failed.
 pub const REASON_SYNC_FAILED: &str = "SyncFailed";
-/// `Ready` reason: the plan names shards the agent has not seen yet.
-pub const REASON_WAITING_FOR_SHARDS: &str = "WaitingForShards";
-/// `Ready` and `Degraded` reason: the plan (or a shard it names) is invalid.
+/// `Ready` reason: the plan's overlay names service ports whose Service plan the agent
+/// has not received (yet).
+pub const REASON_WAITING_FOR_SERVICE_PLANS: &str = "WaitingForServicePlans";
+/// `Ready` and `Degraded` reason: the node plan is invalid.
 pub const REASON_INVALID_PLAN: &str = "InvalidPlan";
+/// `Degraded` reason: one or more Service plans were refused (the rest is programmed).
+pub const REASON_INVALID_SERVICE_PLAN: &str = "InvalidServicePlan";
+/// How many refused objects or missing keys a condition message names at most.
+const NAMED_AT_MOST: usize = 5;
 /// `Ready` reason: the current plan has not been synced yet.
 pub const REASON_SYNC_PENDING: &str = "SyncPending";
 /// `Degraded` reason when nothing is wrong.
@@ -72,10 +82,11 @@ impl AppliedPlan {
         }
     }
 
-    /// Whether this is `plan`: same plan revision and same shard revisions.
+    /// Whether this is `plan`: same plan revision and the same Service plan versions.
     #[must_use]
     pub fn is(&self, plan: &MergedPlan) -> bool {
-        self.plan.revision == plan.revision && self.plan.shard_revisions == plan.shard_revisions
+        self.plan.revision == plan.revision
+            && self.plan.services_fingerprint == plan.services_fingerprint
     }
 }
 
@@ -172,9 +183,6 @@ pub fn build_status(
             condition(DEGRADED, degraded, degraded_reason, degraded_message),
         ],
         applied_revision: applied.map(|a| a.plan.revision.clone()),
-        applied_shards: applied
-            .map(|a| a.plan.shard_revisions.clone())
-            .unwrap_or_default(),
         service_ports: applied.map(|a| a.service_ports),
         endpoints: applied.map(|a| a.endpoints),
         mode: Some(observation.mode.to_owned()),
@@ -196,14 +204,6 @@ fn ready_condition(observation: &Observation<'_>) -> (bool, String, String) {
             REASON_INVALID_PLAN.to_owned(),
             format!("plan revision {revision} refused: {error}{keeping}"),
         ),
-        PlanOutcome::Waiting { revision, missing } => (
-            false,
-            REASON_WAITING_FOR_SHARDS.to_owned(),
-            format!(
-                "plan revision {revision} names shards not seen yet: {}{keeping}",
-                missing.join(", ")
-            ),
-        ),
         PlanOutcome::Merged(plan) => match (observation.failure, observation.applied) {
             (Some(failure), _) => (
                 false,
@@ -211,6 +211,16 @@ fn ready_condition(observation: &Observation<'_>) -> (bool, String, String) {
                 format!(
                     "applying plan revision {}: {}{keeping}",
                     plan.revision, failure.message
+                ),
+            ),
+            (None, Some(applied)) if applied.is(plan) && !plan.unmatched.is_empty() => (
+                false,
+                REASON_WAITING_FOR_SERVICE_PLANS.to_owned(),
+                format!(
+                    "plan revision {} applied, but its overlay names service ports of no \
+                     Service plan received: {}",
+                    plan.revision,
+                    named(plan.unmatched.iter())
                 ),
             ),
             (None, Some(applied)) if applied.is(plan) => (
@@ -236,10 +246,32 @@ fn degraded_condition(observation: &Observation<'_>) -> (bool, String, String) {
     if let PlanOutcome::Invalid { error, .. } = observation.outcome {
         return (true, REASON_INVALID_PLAN.to_owned(), error.to_string());
     }
-    match observation.failure {
-        Some(failure) => (true, failure.reason(), failure.message.clone()),
-        None => (false, REASON_AS_EXPECTED.to_owned(), String::new()),
+    if let Some(failure) = observation.failure {
+        return (true, failure.reason(), failure.message.clone());
     }
+    match observation.outcome {
+        PlanOutcome::Merged(plan) if !plan.refused.is_empty() => (
+            true,
+            REASON_INVALID_SERVICE_PLAN.to_owned(),
+            format!(
+                "{} Service plan(s) refused, their last good version (if any) stays \
+                 programmed: {}",
+                plan.refused.len(),
+                named(plan.refused.iter().map(ToString::to_string))
+            ),
+        ),
+        _ => (false, REASON_AS_EXPECTED.to_owned(), String::new()),
+    }
+}
+
+/// The first few of `items`, and how many more there are.
+fn named(items: impl ExactSizeIterator<Item = impl std::fmt::Display>) -> String {
+    let total = items.len();
+    let mut text: Vec<String> = items.take(NAMED_AT_MOST).map(|i| i.to_string()).collect();
+    if total > NAMED_AT_MOST {
+        text.push(format!("and {} more", total - NAMED_AT_MOST));
+    }
+    text.join("; ")
 }
 
 /// How much a status differs from the one written before.
@@ -247,7 +279,7 @@ fn degraded_condition(observation: &Observation<'_>) -> (bool, String, String) {
 pub enum StatusChange {
     /// Nothing to write (the sync duration and transition times alone do not count).
     Unchanged,
-    /// Only `appliedShards` or the counts changed: written at most once per interval.
+    /// Only the counts changed: written at most once per interval.
     Minor,
     /// A condition, the applied revision, the mode or the agent version changed (or
     /// nothing was written yet): written at once.
@@ -289,8 +321,7 @@ pub fn classify(
         || written.agent_version != desired.agent_version
     {
         StatusChange::Major
-    } else if written.applied_shards != desired.applied_shards
-        || written.service_ports != desired.service_ports
+    } else if written.service_ports != desired.service_ports
         || written.endpoints != desired.endpoints
     {
         StatusChange::Minor
@@ -385,8 +416,9 @@ impl StatusGate {
 }
 
 /// Writes each status published on `desired` to plan `node`, the latest first; a failed
-/// write is retried after [`STATUS_RETRY`] unless a newer status replaces it. Runs until
-/// the sender is dropped.
+/// write is retried with jittered exponential backoff (from [`STATUS_RETRY_INITIAL`] to
+/// [`STATUS_RETRY_MAX`]) unless a newer status replaces it. Runs until the sender is
+/// dropped.
 pub async fn write_statuses(
     api: Api<NodeProxyPlan>,
     node: String,
@@ -394,6 +426,7 @@ pub async fn write_statuses(
     metrics: Arc<Metrics>,
 ) {
     let mut retry_at: Option<Instant> = None;
+    let mut backoff = Backoff::new(STATUS_RETRY_INITIAL, STATUS_RETRY_MAX);
     loop {
         match retry_at {
             Some(at) => tokio::select! {
@@ -414,6 +447,7 @@ pub async fn write_statuses(
             Ok(()) => {
                 debug!(node, "status written");
                 metrics.status_write("ok");
+                backoff.reset();
                 None
             }
             Err(kube::Error::Api(response)) if response.code == 404 => {
@@ -422,9 +456,15 @@ pub async fn write_statuses(
                 None
             }
             Err(err) => {
-                warn!(node, %err, "status write failed; retrying in {}s", STATUS_RETRY.as_secs());
+                let delay = backoff.next_delay();
+                warn!(
+                    node,
+                    %err,
+                    "status write failed; retrying in {:.1}s",
+                    delay.as_secs_f64()
+                );
                 metrics.status_write("error");
-                Some(Instant::now() + STATUS_RETRY)
+                Some(Instant::now() + delay)
             }
         };
     }
@@ -453,26 +493,23 @@ pub async fn patch_status(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use proxyplan_crds::{LocalTrafficDetection, LocalTrafficMode, PlanError};
 
     use super::*;
 
-    fn merged(revision: &str, shards: &[(&str, &str)]) -> Arc<MergedPlan> {
+    fn merged(revision: &str, fingerprint: u64) -> Arc<MergedPlan> {
         Arc::new(MergedPlan {
             node_name: "node-a".to_owned(),
             revision: revision.to_owned(),
-            shard_revisions: shards
-                .iter()
-                .map(|(n, r)| ((*n).to_owned(), (*r).to_owned()))
-                .collect(),
+            services_fingerprint: fingerprint,
             addresses: Vec::new(),
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: Vec::new(),
             },
             service_ports: Vec::new(),
+            refused: Vec::new(),
+            unmatched: Vec::new(),
         })
     }
 
@@ -520,7 +557,7 @@ mod tests {
             ))
             .unwrap())
             };
-        let mut plan = (*merged("r1", &[])).clone();
+        let mut plan = (*merged("r1", 0)).clone();
         assert_eq!(endpoint_count(&plan), 0);
         plan.service_ports = vec![
             entry("a", &["10.0.0.1", "10.0.0.2"], &["10.0.0.2"]),
@@ -533,7 +570,7 @@ mod tests {
 
     #[test]
     fn synced_plan_is_ready_and_not_degraded() {
-        let plan = merged("r1", &[("cluster-0", "s1")]);
+        let plan = merged("r1", 1);
         let applied = AppliedPlan::new(plan.clone());
         let outcome = PlanOutcome::Merged(plan);
         let status = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
@@ -550,10 +587,6 @@ mod tests {
             ("False", "AsExpected")
         );
         assert_eq!(status.applied_revision.as_deref(), Some("r1"));
-        assert_eq!(
-            status.applied_shards,
-            BTreeMap::from([("cluster-0".to_owned(), "s1".to_owned())])
-        );
         assert_eq!(status.mode.as_deref(), Some("iptables"));
         assert_eq!(status.sync_duration_seconds, Some(0.012));
         assert_eq!(status.agent_version.as_deref(), Some(AGENT_VERSION));
@@ -561,7 +594,7 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_when_a_condition_status_changes() {
-        let plan = merged("r1", &[]);
+        let plan = merged("r1", 0);
         let applied = AppliedPlan::new(plan.clone());
         let outcome = PlanOutcome::Merged(plan.clone());
         let first = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
@@ -599,7 +632,7 @@ mod tests {
 
     #[test]
     fn invalid_plan_is_degraded_and_names_the_field() {
-        let applied = AppliedPlan::new(merged("r1", &[]));
+        let applied = AppliedPlan::new(merged("r1", 0));
         let outcome = PlanOutcome::Invalid {
             revision: "r2".to_owned(),
             error: PlanError::InvalidField {
@@ -633,26 +666,65 @@ mod tests {
     }
 
     #[test]
-    fn waiting_for_shards_names_them() {
-        let outcome = PlanOutcome::Waiting {
-            revision: "r1".to_owned(),
-            missing: vec!["cluster-3".to_owned(), "zone-a-0".to_owned()],
-        };
-        let status = build_status(&observe(&outcome, None, None), None, t(0));
+    fn an_overlay_without_its_service_plan_waits_and_names_it() {
+        let mut plan = (*merged("r1", 1)).clone();
+        plan.unmatched = vec!["demo/web:http/TCP/IPv4".to_owned()];
+        let plan = Arc::new(plan);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan);
+        let status = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
         let ready = condition(&status, READY);
-        assert_eq!(ready.reason, "WaitingForShards");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "WaitingForServicePlans");
         assert!(
-            ready.message.contains("cluster-3, zone-a-0"),
+            ready.message.contains("demo/web:http/TCP/IPv4"),
             "{}",
             ready.message
         );
         assert_eq!(condition(&status, DEGRADED).status, "False");
-        assert_eq!(status.applied_revision, None);
+        assert_eq!(status.applied_revision.as_deref(), Some("r1"));
+    }
+
+    #[test]
+    fn refused_service_plans_are_degraded_and_named_but_the_rest_is_ready() {
+        let mut plan = (*merged("r1", 1)).clone();
+        plan.refused = (0..7)
+            .map(|i| PlanError::InvalidField {
+                object: format!("ServiceProxyPlan/demo/s{i}"),
+                field: "spec.servicePorts[0].clusterIP".to_owned(),
+                reason: "127.0.0.1 is a loopback address".to_owned(),
+            })
+            .collect();
+        let plan = Arc::new(plan);
+        let applied = AppliedPlan::new(plan.clone());
+        let outcome = PlanOutcome::Merged(plan);
+        let status = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
+        assert_eq!(condition(&status, READY).status, "True");
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidServicePlan")
+        );
+        assert!(
+            degraded.message.starts_with("7 Service plan(s) refused"),
+            "{}",
+            degraded.message
+        );
+        assert!(
+            degraded
+                .message
+                .contains("ServiceProxyPlan/demo/s0: spec.servicePorts[0].clusterIP")
+        );
+        assert!(
+            degraded.message.ends_with("and 2 more"),
+            "{}",
+            degraded.message
+        );
     }
 
     #[test]
     fn classify_ignores_duration_and_transition_times() {
-        let plan = merged("r1", &[("cluster-0", "s1")]);
+        let plan = merged("r1", 1);
         let applied = AppliedPlan::new(plan.clone());
         let outcome = PlanOutcome::Merged(plan);
         let a = build_status(&observe(&outcome, Some(&applied), None), None, t(0));
@@ -661,8 +733,7 @@ mod tests {
         b.conditions[0].last_transition_time = Time(t(99));
         assert_eq!(classify(Some(&a), &b), StatusChange::Unchanged);
         let mut c = a.clone();
-        c.applied_shards
-            .insert("cluster-0".to_owned(), "s2".to_owned());
+        c.service_ports = Some(2);
         assert_eq!(classify(Some(&a), &c), StatusChange::Minor);
         let mut d = a.clone();
         d.endpoints = Some(7);
@@ -676,9 +747,11 @@ mod tests {
         assert_eq!(classify(None, &a), StatusChange::Major);
     }
 
-    fn status_with(revision: &str, shard_revision: &str) -> NodeProxyPlanStatus {
-        let plan = merged(revision, &[("cluster-0", shard_revision)]);
-        let applied = AppliedPlan::new(plan.clone());
+    /// A synced status of plan `revision` with `endpoints` endpoints programmed.
+    fn status_with(revision: &str, endpoints: u32) -> NodeProxyPlanStatus {
+        let plan = merged(revision, u64::from(endpoints));
+        let mut applied = AppliedPlan::new(plan.clone());
+        applied.endpoints = endpoints;
         let outcome = PlanOutcome::Merged(plan);
         build_status(&observe(&outcome, Some(&applied), None), None, t(0))
     }
@@ -688,42 +761,42 @@ mod tests {
         let interval = Duration::from_secs(60);
         let mut gate = StatusGate::new(interval);
         let t0 = Instant::now();
-        let first = status_with("r1", "s1");
+        let first = status_with("r1", 1);
         assert_eq!(gate.offer(first.clone(), t0), Some(first.clone()));
         assert_eq!(gate.offer(first.clone(), t0), None, "unchanged");
         assert_eq!(gate.due(), None);
 
-        // Shard revisions move on every endpoint change: held, the latest wins.
+        // Counts move on every endpoint change: held, the latest wins.
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(gate.offer(status_with("r1", "s2"), Instant::now()), None);
+        assert_eq!(gate.offer(status_with("r1", 2), Instant::now()), None);
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(gate.offer(status_with("r1", "s3"), Instant::now()), None);
+        assert_eq!(gate.offer(status_with("r1", 3), Instant::now()), None);
         assert_eq!(gate.due(), Some(t0 + interval));
         assert_eq!(gate.release(Instant::now()), None, "not due yet");
         tokio::time::advance(Duration::from_secs(50)).await;
-        assert_eq!(gate.release(Instant::now()), Some(status_with("r1", "s3")));
+        assert_eq!(gate.release(Instant::now()), Some(status_with("r1", 3)));
         assert_eq!(gate.due(), None);
 
         // A plan revision goes at once, even within the interval.
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
-            gate.offer(status_with("r2", "s3"), Instant::now()),
-            Some(status_with("r2", "s3"))
+            gate.offer(status_with("r2", 3), Instant::now()),
+            Some(status_with("r2", 3))
         );
         // A minor change long after the last write goes at once.
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(
-            gate.offer(status_with("r2", "s4"), Instant::now()),
-            Some(status_with("r2", "s4"))
+            gate.offer(status_with("r2", 4), Instant::now()),
+            Some(status_with("r2", 4))
         );
     }
 
     #[tokio::test(start_paused = true)]
     async fn gate_drops_a_held_change_that_was_undone_and_rebases_on_a_new_object() {
         let mut gate = StatusGate::new(Duration::from_secs(60));
-        let first = status_with("r1", "s1");
+        let first = status_with("r1", 1);
         assert!(gate.offer(first.clone(), Instant::now()).is_some());
-        assert_eq!(gate.offer(status_with("r1", "s2"), Instant::now()), None);
+        assert_eq!(gate.offer(status_with("r1", 2), Instant::now()), None);
         assert_eq!(gate.offer(first.clone(), Instant::now()), None);
         assert_eq!(gate.due(), None);
 

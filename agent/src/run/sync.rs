@@ -1,8 +1,8 @@
 //! The sync loop: watch events in, kernel updates and status out.
 //!
 //! Each sync is a short pipeline: evaluate the cache (validate and merge) → pick the
-//! target (the merged plan, or the last good one when the plan is refused or waits for
-//! shards) → hand it to the dataplane thread → record the result → offer the status.
+//! target (the merged plan, or the last good one when the plan is refused) → hand it to
+//! the dataplane thread → record the result → offer the status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::cache::{Change, PlanCache, PlanOutcome, ShardSource};
+use super::cache::{Change, PlanCache, PlanOutcome};
 use super::healthcheck::HealthCheckServers;
 use super::http::{Health, Metrics, ModeLabels, ReasonLabels, unix_seconds};
 use super::schedule::{SyncKind, SyncSchedule};
@@ -87,7 +87,7 @@ impl SyncLoop {
         })
     }
 
-    /// What the plan and shards amounted to at the last sync.
+    /// What the plan and Service plans amounted to at the last sync.
     #[must_use]
     pub fn outcome(&self) -> &PlanOutcome {
         &self.outcome
@@ -105,21 +105,17 @@ impl SyncLoop {
         self.healthchecks.ports()
     }
 
-    /// Runs until `shutdown` completes or `inputs` ends. `zone_watch` starts the watch
-    /// on a zone's shards; it is called again whenever the plan's zone changes.
+    /// Runs until `shutdown` completes or `inputs` ends.
     ///
     /// # Errors
     /// When the dataplane thread dies.
     pub async fn run(
         &mut self,
         mut inputs: InputStream,
-        zone_watch: impl Fn(&str) -> InputStream,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunError> {
-        let mut zone: Option<(String, InputStream)> = None;
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            self.follow_zone(&mut zone, &zone_watch);
             let (due, kind) = self.schedule.next(self.cache.listed(), Instant::now());
             let status_due = self.gate.due();
             tokio::select! {
@@ -129,31 +125,10 @@ impl SyncLoop {
                     Some(input) => self.handle(input),
                     None => return Ok(()),
                 },
-                Some(input) = next_zone_input(&mut zone) => self.handle(input),
                 () = tokio::time::sleep_until(due) => self.sync(kind).await?,
                 () = sleep_until(status_due) => self.release_status(),
             }
         }
-    }
-
-    /// Starts (or moves) the zone shard watch to the plan's zone.
-    fn follow_zone(
-        &mut self,
-        zone: &mut Option<(String, InputStream)>,
-        zone_watch: &impl Fn(&str) -> InputStream,
-    ) {
-        let wanted = self.cache.wanted_zone();
-        if wanted.as_deref() == zone.as_ref().map(|(slug, _)| slug.as_str()) {
-            return;
-        }
-        if self.cache.watch_zone(wanted.clone()) {
-            self.queue(String::new(), None);
-        }
-        *zone = wanted.map(|slug| {
-            info!(node = %self.node, zone = %slug, "watching the zone's shards");
-            let stream = zone_watch(&slug);
-            (slug, stream)
-        });
     }
 
     /// Applies one watch event to the cache.
@@ -168,19 +143,9 @@ impl SyncLoop {
                 }
                 (key, change)
             }
-            Input::ClusterShard(event) => {
-                let key = format!("ProxyPlanShard/{}", event_object(&event));
-                (
-                    key,
-                    self.cache.shard_event(ShardSource::Cluster, None, event),
-                )
-            }
-            Input::ZoneShard(slug, event) => {
-                let key = format!("ProxyPlanShard/{}", event_object(&event));
-                let change = self
-                    .cache
-                    .shard_event(ShardSource::Zone, Some(&slug), event);
-                (key, change)
+            Input::Service(event) => {
+                let key = format!("ServiceProxyPlan/{}", event_object(&event));
+                (key, self.cache.service_event(event))
             }
             Input::WatchError(kind, err) => {
                 warn!(
@@ -266,10 +231,6 @@ impl SyncLoop {
                     self.node
                 )
             }
-            PlanOutcome::Waiting { revision, missing } => format!(
-                "plan revision {revision} waits for shards {}; the kernel keeps {kept}",
-                missing.join(", ")
-            ),
             PlanOutcome::Invalid { revision, error } => {
                 format!("plan revision {revision} refused: {error}; the kernel keeps {kept}")
             }
@@ -422,16 +383,12 @@ impl SyncLoop {
 fn event_object<K: kube::Resource>(event: &Event<K>) -> String {
     match event {
         Event::Apply(object) | Event::Delete(object) | Event::InitApply(object) => {
-            object.name_any()
+            match object.meta().namespace.as_deref() {
+                Some(namespace) => format!("{namespace}/{}", object.name_any()),
+                None => object.name_any(),
+            }
         }
         Event::Init | Event::InitDone => String::new(),
-    }
-}
-
-async fn next_zone_input(zone: &mut Option<(String, InputStream)>) -> Option<Input> {
-    match zone {
-        Some((_, stream)) => stream.next().await,
-        None => std::future::pending().await,
     }
 }
 

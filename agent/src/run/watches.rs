@@ -1,13 +1,20 @@
 //! The agent's watches (DESIGN §2 invariant 5): its own `NodeProxyPlan`, selected by
-//! name, the cluster shards and its zone's shards, selected by label. Nothing else.
+//! name, and the Service plans the controller wrote, selected by label. Nothing else.
+//!
+//! Objects are decoded one at a time ([`Lenient`]): an object this agent cannot read
+//! (written by a newer controller, or by hand) is refused on its own and named in the
+//! plan's status, and the watch goes on. Failed watches retry with a short, capped
+//! backoff, and re-list at once after `410 Gone`, so changes flow again within seconds of
+//! an API server coming back.
 
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard, SCOPE_LABEL, ZONE_LABEL};
+use proxyplan_crds::lenient::Lenient;
+use proxyplan_crds::runtime::watch_backoff;
+use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan};
 
 /// One watch event.
 #[derive(Debug)]
@@ -17,11 +24,9 @@ use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard, SCOPE_LABEL, ZONE_LABEL};
 )]
 pub enum Input {
     /// This node's plan.
-    Plan(Event<NodeProxyPlan>),
-    /// A cluster shard.
-    ClusterShard(Event<ProxyPlanShard>),
-    /// A shard of the zone with this slug.
-    ZoneShard(String, Event<ProxyPlanShard>),
+    Plan(Event<Lenient<NodeProxyPlan>>),
+    /// A Service plan.
+    Service(Event<Lenient<ServiceProxyPlan>>),
     /// A watch failed (it retries with backoff).
     WatchError(&'static str, String),
 }
@@ -35,17 +40,10 @@ pub fn plan_field_selector(node: &str) -> String {
     format!("metadata.name={node}")
 }
 
-/// The label selector of the cluster shard watch.
+/// The label selector of the Service plan watch.
 #[must_use]
-pub fn cluster_shard_selector() -> String {
-    format!("{SCOPE_LABEL}=cluster")
-}
-
-/// The label selector of the watch on the shards of the zone with this slug (see
-/// [`proxyplan_crds::zone_slug`]).
-#[must_use]
-pub fn zone_shard_selector(slug: &str) -> String {
-    format!("{ZONE_LABEL}={slug}")
+pub fn service_plan_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
 }
 
 /// Builds the agent's watch streams.
@@ -64,39 +62,22 @@ impl Watches {
         }
     }
 
-    /// The plan watch and the cluster shard watch, merged.
+    /// The plan watch and the Service plan watch, merged.
     #[must_use]
-    pub fn own(&self) -> InputStream {
+    pub fn all(&self) -> InputStream {
         let plan = watch_stream(
-            Api::<NodeProxyPlan>::all(self.client.clone()),
+            Api::<Lenient<NodeProxyPlan>>::all(self.client.clone()),
             watcher::Config::default().fields(&plan_field_selector(&self.node)),
             "NodeProxyPlan",
             Input::Plan,
         );
-        let cluster = watch_stream(
-            Api::<ProxyPlanShard>::all(self.client.clone()),
-            watcher::Config::default().labels(&cluster_shard_selector()),
-            "ProxyPlanShard (cluster)",
-            Input::ClusterShard,
+        let services = watch_stream(
+            Api::<Lenient<ServiceProxyPlan>>::all(self.client.clone()),
+            watcher::Config::default().labels(&service_plan_selector()),
+            "ServiceProxyPlan",
+            Input::Service,
         );
-        Box::pin(futures::stream::select(plan, cluster))
-    }
-
-    /// The watch on the shards of the zone with this slug.
-    #[must_use]
-    pub fn zone_shards(&self, slug: &str) -> InputStream {
-        let owned = slug.to_owned();
-        Box::pin(
-            watcher::watcher(
-                Api::<ProxyPlanShard>::all(self.client.clone()),
-                watcher::Config::default().labels(&zone_shard_selector(slug)),
-            )
-            .default_backoff()
-            .map(move |r| match r {
-                Ok(event) => Input::ZoneShard(owned.clone(), event),
-                Err(err) => Input::WatchError("ProxyPlanShard (zone)", err.to_string()),
-            }),
-        )
+        Box::pin(futures::stream::select(plan, services))
     }
 }
 
@@ -108,13 +89,12 @@ fn watch_stream<K>(
 ) -> InputStream
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
 {
     Box::pin(
-        watcher::watcher(api, config)
-            .default_backoff()
-            .map(move |r| match r {
-                Ok(event) => wrap(event),
-                Err(err) => Input::WatchError(kind, err.to_string()),
-            }),
+        watch_backoff(watcher::watcher(api, config)).map(move |r| match r {
+            Ok(event) => wrap(event),
+            Err(err) => Input::WatchError(kind, err.to_string()),
+        }),
     )
 }

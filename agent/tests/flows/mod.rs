@@ -37,7 +37,6 @@
 
 #![allow(dead_code, reason = "each test file uses a different part")]
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use proxyplan_crds::{
@@ -837,7 +836,9 @@ pub fn merged(node: Node, mut ports: Vec<ServicePortPlan>) -> MergedPlan {
     MergedPlan {
         node_name: node.name().to_owned(),
         revision: "fixture".to_owned(),
-        shard_revisions: BTreeMap::new(),
+        services_fingerprint: 0,
+        refused: Vec::new(),
+        unmatched: Vec::new(),
         addresses: node.local_addresses(),
         local_traffic: LocalTrafficDetection {
             mode: LocalTrafficMode::ClusterCIDR,
@@ -894,6 +895,7 @@ pub fn port(name: &str, cluster_ip: &str, port: u16) -> ServicePortPlan {
         internal: CLUSTER_REJECT,
         external: None,
         cluster_endpoints: vec![],
+        zone_endpoints: Vec::new(),
         local_endpoints: vec![],
         masquerade: MasqueradePlan {
             all: false,

@@ -1,5 +1,5 @@
-//! A mock API server for the agent's API tests, a fake dataplane, and builders for plans
-//! and shards.
+//! A mock API server for the agent's API tests, a fake dataplane, and builders for node
+//! plans and Service plans.
 //!
 //! The agent under test talks to a `kube::Client` backed by `tower_test::mock`. Unlike the
 //! controller's strictly scripted verifier, the agent keeps long-running watches open, so
@@ -28,9 +28,9 @@ use kube::client::Body;
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
-    MasqueradePlan, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, Protocol, ProxyPlanShard,
-    ProxyPlanShardSpec, SCOPE_LABEL, ServicePortPlan, ShardRef, ShardScope, TrafficPlan,
-    TrafficPolicy, ZONE_LABEL, zone_slug,
+    MANAGED_BY, MANAGED_BY_LABEL, MasqueradePlan, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec,
+    Protocol, SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan,
+    TrafficPolicy, ZoneEndpoints,
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -43,8 +43,8 @@ pub const QUIET_PERIOD: Duration = Duration::from_millis(400);
 
 /// Collection path of `NodeProxyPlan`s.
 pub const PLANS: &str = "/apis/proxyplan.dev/v1alpha1/nodeproxyplans";
-/// Collection path of `ProxyPlanShard`s.
-pub const SHARDS: &str = "/apis/proxyplan.dev/v1alpha1/proxyplanshards";
+/// Collection path of `ServiceProxyPlan`s in every namespace.
+pub const SERVICES: &str = "/apis/proxyplan.dev/v1alpha1/serviceproxyplans";
 /// Content type of a server-side apply patch.
 pub const APPLY_CONTENT_TYPE: &str = "application/apply-patch+yaml";
 
@@ -80,14 +80,14 @@ fn failure(code: u16, reason: &str) -> Value {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Plan,
-    Shard,
+    Service,
 }
 
 impl Kind {
     fn of_path(path: &str) -> Option<Self> {
         match path {
             PLANS => Some(Self::Plan),
-            SHARDS => Some(Self::Shard),
+            SERVICES => Some(Self::Service),
             _ => None,
         }
     }
@@ -95,7 +95,7 @@ impl Kind {
     fn list_kind(self) -> &'static str {
         match self {
             Self::Plan => "NodeProxyPlanList",
-            Self::Shard => "ProxyPlanShardList",
+            Self::Service => "ServiceProxyPlanList",
         }
     }
 }
@@ -148,7 +148,7 @@ struct Change {
 struct Store {
     rv: u64,
     plans: BTreeMap<String, Value>,
-    shards: BTreeMap<String, Value>,
+    services: BTreeMap<String, Value>,
     history: Vec<Change>,
     watches: Vec<OpenWatch>,
     offline: bool,
@@ -159,7 +159,7 @@ impl Store {
     fn objects(&mut self, kind: Kind) -> &mut BTreeMap<String, Value> {
         match kind {
             Kind::Plan => &mut self.plans,
-            Kind::Shard => &mut self.shards,
+            Kind::Service => &mut self.services,
         }
     }
 
@@ -186,7 +186,7 @@ impl Store {
     /// Stores `object` (creating or updating it) and tells the watches.
     fn put(&mut self, kind: Kind, mut object: Value) -> Value {
         self.rv += 1;
-        let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+        let name = key_of(&object);
         let old = self.objects(kind).get(&name).cloned();
         let generation = match &old {
             Some(old) if old["spec"] == object["spec"] => old["metadata"]["generation"].clone(),
@@ -224,7 +224,7 @@ impl Store {
     fn list(&self, kind: Kind, selector: &Selector) -> Value {
         let objects = match kind {
             Kind::Plan => &self.plans,
-            Kind::Shard => &self.shards,
+            Kind::Service => &self.services,
         };
         let items: Vec<&Value> = objects.values().filter(|o| selector.matches(o)).collect();
         json!({
@@ -321,15 +321,20 @@ impl MockApi {
         self.store().put(Kind::Plan, object);
     }
 
-    /// Creates or updates a shard.
-    pub fn put_shard(&self, shard: &ProxyPlanShard) {
+    /// Creates or updates a Service plan.
+    pub fn put_service(&self, service: &ServiceProxyPlan) {
         self.store()
-            .put(Kind::Shard, serde_json::to_value(shard).unwrap());
+            .put(Kind::Service, serde_json::to_value(service).unwrap());
     }
 
-    /// Deletes a shard.
-    pub fn delete_shard(&self, name: &str) {
-        self.store().delete(Kind::Shard, name);
+    /// Stores a Service plan as raw JSON (for objects the agent cannot decode).
+    pub fn put_service_json(&self, object: Value) {
+        self.store().put(Kind::Service, object);
+    }
+
+    /// Deletes Service plan `namespace/name`.
+    pub fn delete_service(&self, key: &str) {
+        self.store().delete(Kind::Service, key);
     }
 
     /// The stored plan, as JSON.
@@ -512,6 +517,15 @@ async fn serve(
     }
 }
 
+/// How the store files an object: `namespace/name`, or `name` when cluster-scoped.
+fn key_of(object: &Value) -> String {
+    let name = object["metadata"]["name"].as_str().unwrap();
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// Decodes `a=b&c=d` (percent-decoding `%XX` and `+`).
 fn url_pairs(query: &str) -> Vec<(String, String)> {
     let decode = |s: &str| {
@@ -676,14 +690,12 @@ impl FakeHandle {
 }
 
 // ---------------------------------------------------------------------------------------
-// Plans and shards
+// Node plans and Service plans
 
 /// The node under test.
 pub const NODE: &str = "node-a";
 /// Its zone.
 pub const ZONE: &str = "eu-west-1a";
-/// Its zone's shard.
-pub const ZONE_SHARD: &str = "zone-eu-west-1a-0";
 
 fn endpoints(list: &[&str]) -> Vec<Endpoint> {
     list.iter()
@@ -717,6 +729,7 @@ pub fn mk_entry(name: &str, cluster_ip: &str, cluster_endpoints: &[&str]) -> Ser
         },
         external: None,
         cluster_endpoints: endpoints(cluster_endpoints),
+        zone_endpoints: Vec::new(),
         local_endpoints: Vec::new(),
         masquerade: MasqueradePlan {
             all: false,
@@ -762,58 +775,37 @@ pub fn local_override(key: &str, local: &[&str]) -> EndpointOverride {
     }
 }
 
-/// A cluster shard, labelled as the controller labels it.
-pub fn mk_cluster_shard(
-    name: &str,
-    revision: &str,
-    entries: Vec<ServicePortPlan>,
-) -> ProxyPlanShard {
-    let mut shard = ProxyPlanShard::new(
+/// The plan of Service `default/<name>` holding `entries`, labelled as the controller
+/// labels it.
+pub fn mk_service(name: &str, revision: &str, entries: Vec<ServicePortPlan>) -> ServiceProxyPlan {
+    let mut object = ServiceProxyPlan::new(
         name,
-        ProxyPlanShardSpec {
-            scope: ShardScope::Cluster,
-            zone: None,
+        ServiceProxyPlanSpec {
             revision: revision.to_owned(),
             service_ports: entries,
-            overrides: Vec::new(),
         },
     );
-    shard.metadata.labels = Some(BTreeMap::from([(
-        SCOPE_LABEL.to_owned(),
-        "cluster".to_owned(),
-    )]));
-    shard
-}
-
-/// A zone shard of `zone`, labelled as the controller labels it.
-pub fn mk_zone_shard(
-    name: &str,
-    zone: &str,
-    revision: &str,
-    overrides: Vec<EndpointOverride>,
-) -> ProxyPlanShard {
-    let mut shard = ProxyPlanShard::new(
-        name,
-        ProxyPlanShardSpec {
-            scope: ShardScope::Zone,
-            zone: Some(zone.to_owned()),
-            revision: revision.to_owned(),
-            service_ports: Vec::new(),
-            overrides,
-        },
-    );
-    shard.metadata.labels = Some(BTreeMap::from([
-        (SCOPE_LABEL.to_owned(), "zone".to_owned()),
-        (ZONE_LABEL.to_owned(), zone_slug(zone)),
+    object.metadata.namespace = Some("default".to_owned());
+    object.metadata.labels = Some(BTreeMap::from([
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+        (SERVICE_LABEL.to_owned(), name.to_owned()),
     ]));
-    shard
+    object
 }
 
-/// The plan of [`NODE`] in `zone`, naming `shards`, with `overlay`.
+/// `entry` with a zone list for `zone`.
+pub fn with_zone(mut entry: ServicePortPlan, zone: &str, list: &[&str]) -> ServicePortPlan {
+    entry.zone_endpoints.push(ZoneEndpoints {
+        zone: zone.to_owned(),
+        endpoints: endpoints(list),
+    });
+    entry
+}
+
+/// The plan of [`NODE`] in `zone`, with `overlay`.
 pub fn mk_plan(
     revision: &str,
     zone: Option<&str>,
-    shards: &[&str],
     overlay: Vec<EndpointOverride>,
 ) -> NodeProxyPlan {
     NodeProxyPlan {
@@ -831,12 +823,6 @@ pub fn mk_plan(
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec!["10.244.0.0/16".to_owned()],
             },
-            shards: shards
-                .iter()
-                .map(|name| ShardRef {
-                    name: (*name).to_owned(),
-                })
-                .collect(),
             overlay,
         },
         status: None,

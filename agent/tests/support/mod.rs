@@ -52,6 +52,7 @@ pub fn service(name: &str, cluster_ip: &str, port: u16, endpoints: &[&str]) -> S
         internal: CLUSTER,
         external: None,
         cluster_endpoints: endpoints.iter().map(|e| ep(e)).collect(),
+        zone_endpoints: Vec::new(),
         local_endpoints: vec![],
         masquerade: MasqueradePlan {
             all: false,
@@ -84,7 +85,9 @@ pub fn plan(mut entries: Vec<ServicePortPlan>) -> MergedPlan {
     MergedPlan {
         node_name: "node-a".into(),
         revision: "test".into(),
-        shard_revisions: BTreeMap::new(),
+        services_fingerprint: 0,
+        refused: Vec::new(),
+        unmatched: Vec::new(),
         addresses: vec!["192.168.0.10".parse().expect("ip")],
         local_traffic: LocalTrafficDetection {
             mode: LocalTrafficMode::ClusterCIDR,

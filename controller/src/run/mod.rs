@@ -1,10 +1,11 @@
 //! `proxyplan-controller run`: watches feed the planner; the leader writes what changed.
 //!
-//! One task owns the [`Planner`] and the [`PlanWriter`]; watches, the leader elector and
-//! the HTTP servers talk to it through channels. Nothing is written before every watch
-//! has listed once, and a replica that does not hold the Lease keeps its index warm but
-//! writes nothing.
+//! One task owns the [`Planner`] and the [`PlanWriter`]; watches, the leader elector, the
+//! Event publisher and the HTTP servers talk to it through channels. Nothing is written
+//! before every watch has listed once, a replica that does not hold the Lease keeps its
+//! index warm but writes nothing, and every write checks the [`Fence`] first.
 
+pub mod events;
 pub mod http;
 pub mod lease;
 pub mod writer;
@@ -19,29 +20,28 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ProxyPlanShard};
-use tokio::sync::watch;
+use proxyplan_crds::lenient::{Lenient, Projection};
+use proxyplan_crds::runtime::{Backoff, watch_backoff};
+use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan, revision_of};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::config::PlannerConfig;
-use crate::model::{HEADLESS_LABEL, ObjectError, SERVICE_PROXY_NAME_LABEL};
+use crate::model::{HEADLESS_LABEL, ObjectError, SERVICE_PROXY_NAME_LABEL, ServiceKey};
 use crate::planner::{ObjectId, Planner};
+use events::{Notice, Notices};
 use http::{Health, KindLabels, Metrics, WriteLabels};
+pub use lease::{Fence, LEASE_DURATION, LEASE_RETRY, RENEW_DEADLINE};
 use lease::{Leadership, LeaseElector};
 use writer::{Kind, PlanWriter, target_of};
 
-/// How long a Lease lasts without renewal.
-pub const LEASE_DURATION: Duration = Duration::from_secs(15);
-/// How often the Lease is renewed or competed for.
-pub const LEASE_RETRY: Duration = Duration::from_secs(2);
-/// A leader that could not renew for this long steps down.
-pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
-/// Delay before retrying failed writes.
-const RETRY_DELAY: Duration = Duration::from_secs(5);
+/// First wait before retrying failed writes.
+const RETRY_INITIAL: Duration = Duration::from_millis(500);
+/// Longest wait before retrying failed writes.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Everything `run` needs.
 #[derive(Debug, Clone)]
@@ -98,11 +98,21 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         &settings.identity,
         LEASE_DURATION,
     );
+    let fence = Fence::new();
     let (leader_tx, leader_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let election = tokio::spawn(keep_election(elector.clone(), leader_tx, stop_rx));
+    let election = tokio::spawn(keep_election(elector, leader_tx, fence.clone(), stop_rx));
+    let (notices, publisher) = events::publisher(client.clone(), &settings.identity);
+    let publisher = tokio::spawn(publisher);
     info!(identity = %settings.identity, lease = %settings.lease_name, "starting");
-    let mut sync = SyncLoop::new(client.clone(), &settings, metrics, health);
+    let mut sync = SyncLoop::new(
+        client.clone(),
+        &settings,
+        metrics,
+        health,
+        fence,
+        Some(notices),
+    );
     tokio::select! {
         () = sync.run(inputs(&client), leader_rx) => {}
         () = proxyplan_crds::runtime::shutdown_signal() => info!("shutting down"),
@@ -112,35 +122,44 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             }
         }
     }
+    publisher.abort();
     let _ = stop_tx.send(true);
-    let _ = election.await;
-    if let Err(err) = elector.release().await {
-        warn!(%err, "could not release the leader Lease; another replica takes over when it expires");
+    match election.await {
+        Ok(elector) => {
+            if let Err(err) = elector.release().await {
+                warn!(%err, "could not release the leader Lease; another replica takes over when it expires");
+            }
+        }
+        Err(err) => warn!(%err, "the election task failed"),
     }
     Ok(())
 }
 
-/// Runs election rounds until stopped, publishing whether we lead.
+/// Runs election rounds until stopped, publishing whether we lead and extending the
+/// write fence after every successful renewal. Returns the elector (to release the
+/// Lease).
 pub async fn keep_election(
-    elector: LeaseElector,
+    mut elector: LeaseElector,
     leader: watch::Sender<bool>,
+    fence: Fence,
     mut stop: watch::Receiver<bool>,
-) {
-    let mut last_renewal: Option<Instant> = None;
+) -> LeaseElector {
     loop {
+        let started = std::time::Instant::now();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let leading = match elector.try_acquire_or_renew(now).await {
+        let leading = match elector.try_acquire_or_renew(now, started).await {
             Ok(Leadership::Leader) => {
-                last_renewal = Some(Instant::now());
+                fence.grant_until(started + RENEW_DEADLINE);
                 true
             }
             Ok(Leadership::Follower) => {
-                last_renewal = None;
+                fence.revoke();
                 false
             }
             Err(err) => {
                 warn!(%err, "leader election round failed");
-                last_renewal.is_some_and(|t| t.elapsed() < RENEW_DEADLINE)
+                // Still leading until the fence runs out; the writer checks it anyway.
+                fence.holds()
             }
         };
         leader.send_if_modified(|current| {
@@ -150,7 +169,7 @@ pub async fn keep_election(
         });
         tokio::select! {
             () = tokio::time::sleep(LEASE_RETRY) => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => return elector,
         }
     }
 }
@@ -163,15 +182,15 @@ pub async fn keep_election(
 )]
 pub enum Input {
     /// Services.
-    Service(Event<Service>),
+    Service(Event<Lenient<Service>>),
     /// EndpointSlices.
-    Slice(Event<EndpointSlice>),
+    Slice(Event<Lenient<EndpointSlice>>),
     /// Nodes.
-    Node(Event<Node>),
-    /// Our plans.
-    Plan(Event<NodeProxyPlan>),
-    /// Our shards.
-    Shard(Event<ProxyPlanShard>),
+    Node(Event<Lenient<Node>>),
+    /// Our node plans.
+    Plan(Event<Lenient<NodeProxyPlan>>),
+    /// Our Service plans.
+    ServicePlan(Event<Lenient<ServiceProxyPlan>>),
     /// A watch failed (it retries with backoff).
     WatchError(&'static str, String),
 }
@@ -179,21 +198,26 @@ pub enum Input {
 type InputStream = Pin<Box<dyn Stream<Item = Input> + Send>>;
 
 fn watch_stream<K>(
-    api: Api<K>,
+    api: Api<Lenient<K>>,
     config: watcher::Config,
     kind: &'static str,
-    wrap: fn(Event<K>) -> Input,
+    wrap: fn(Event<Lenient<K>>) -> Input,
 ) -> InputStream
 where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Projection
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     Box::pin(
-        watcher::watcher(api, config)
-            .default_backoff()
-            .map(move |r| match r {
-                Ok(event) => wrap(event),
-                Err(err) => Input::WatchError(kind, err.to_string()),
-            }),
+        watch_backoff(watcher::watcher(api, config)).map(move |r| match r {
+            Ok(event) => wrap(event),
+            Err(err) => Input::WatchError(kind, err.to_string()),
+        }),
     )
 }
 
@@ -203,35 +227,35 @@ pub fn inputs(client: &Client) -> InputStream {
     let proxied = format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}");
     let ours = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
     Box::pin(futures::stream::select_all([
-        watch_stream(
+        watch_stream::<Service>(
             Api::all(client.clone()),
             watcher::Config::default().labels(&proxied),
             "Service",
             Input::Service,
         ),
-        watch_stream(
+        watch_stream::<EndpointSlice>(
             Api::all(client.clone()),
             watcher::Config::default().labels(&proxied),
             "EndpointSlice",
             Input::Slice,
         ),
-        watch_stream(
+        watch_stream::<Node>(
             Api::all(client.clone()),
             watcher::Config::default(),
             "Node",
             Input::Node,
         ),
-        watch_stream(
+        watch_stream::<NodeProxyPlan>(
             Api::all(client.clone()),
             watcher::Config::default().labels(&ours),
             "NodeProxyPlan",
             Input::Plan,
         ),
-        watch_stream(
+        watch_stream::<ServiceProxyPlan>(
             Api::all(client.clone()),
             watcher::Config::default().labels(&ours),
-            "ProxyPlanShard",
-            Input::Shard,
+            "ServiceProxyPlan",
+            Input::ServicePlan,
         ),
     ]))
 }
@@ -239,11 +263,11 @@ pub fn inputs(client: &Client) -> InputStream {
 /// Buffers of a watch re-list in progress.
 #[derive(Default)]
 struct Relists {
-    services: Option<Vec<Service>>,
-    slices: Option<Vec<EndpointSlice>>,
-    nodes: Option<Vec<Node>>,
-    plans: Option<Vec<NodeProxyPlan>>,
-    shards: Option<Vec<ProxyPlanShard>>,
+    services: Option<Vec<Lenient<Service>>>,
+    slices: Option<Vec<Lenient<EndpointSlice>>>,
+    nodes: Option<Vec<Lenient<Node>>>,
+    plans: Option<Vec<Lenient<NodeProxyPlan>>>,
+    service_plans: Option<Vec<Lenient<ServiceProxyPlan>>>,
     listed: BTreeSet<&'static str>,
 }
 
@@ -252,7 +276,7 @@ const ALL_KINDS: [&str; 5] = [
     "EndpointSlice",
     "Node",
     "NodeProxyPlan",
-    "ProxyPlanShard",
+    "ServiceProxyPlan",
 ];
 
 /// What a relist step produced.
@@ -280,12 +304,51 @@ fn relist<K>(buffer: &mut Option<Vec<K>>, event: Event<K>) -> Relist<K> {
     }
 }
 
+/// The revision an observed plan object really has: its `spec.revision` when its content
+/// hashes to it, else a mark that it was edited by hand (so it is repaired).
+fn effective_revision<S: serde::Serialize + Clone>(
+    spec: &S,
+    claimed: &str,
+    clear: impl Fn(&mut S),
+) -> String {
+    let mut content = spec.clone();
+    clear(&mut content);
+    if revision_of(&content) == claimed {
+        claimed.to_owned()
+    } else {
+        format!("edited:{claimed}")
+    }
+}
+
+fn observed_plan(plan: &Lenient<NodeProxyPlan>) -> String {
+    match &plan.object {
+        Ok(p) => effective_revision(&p.spec, &p.spec.revision, |s| s.revision.clear()),
+        Err(err) => format!("undecodable: {err}"),
+    }
+}
+
+fn observed_service_plan(plan: &Lenient<ServiceProxyPlan>) -> String {
+    match &plan.object {
+        Ok(p) => effective_revision(&p.spec, &p.spec.revision, |s| s.revision.clear()),
+        Err(err) => format!("undecodable: {err}"),
+    }
+}
+
+fn qualified<K: kube::Resource>(object: &K) -> String {
+    match object.meta().namespace.as_deref() {
+        Some(namespace) => format!("{namespace}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}
+
 /// The task that owns the planner and the writer.
 pub struct SyncLoop {
     planner: Planner,
     writer: PlanWriter,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    fence: Fence,
+    notices: Notices,
     min_interval: Duration,
     relists: Relists,
     leader: bool,
@@ -294,22 +357,28 @@ pub struct SyncLoop {
     pending: bool,
     last_sync: Option<Instant>,
     retry_at: Option<Instant>,
+    retry: Backoff,
 }
 
 impl SyncLoop {
-    /// A loop writing through `client`.
+    /// A loop writing through `client` while `fence` holds, handing Warning Events to
+    /// `notices`.
     #[must_use]
     pub fn new(
         client: Client,
         settings: &Settings,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        fence: Fence,
+        notices: Option<mpsc::Sender<Notice>>,
     ) -> Self {
         Self {
             planner: Planner::new(settings.config.clone()),
             writer: PlanWriter::new(client),
             metrics,
             health,
+            fence,
+            notices: Notices::new(notices),
             min_interval: settings.min_sync_interval,
             relists: Relists::default(),
             leader: false,
@@ -318,6 +387,7 @@ impl SyncLoop {
             pending: false,
             last_sync: None,
             retry_at: None,
+            retry: Backoff::new(RETRY_INITIAL, RETRY_MAX),
         }
     }
 
@@ -375,6 +445,7 @@ impl SyncLoop {
         self.metrics.is_leader.set(i64::from(leading));
         if leading {
             self.full_reconcile = true;
+            self.notices.publish();
         }
     }
 
@@ -385,10 +456,10 @@ impl SyncLoop {
             Input::Slice(_) => "endpointslice",
             Input::Node(_) => "node",
             Input::Plan(_) => "nodeproxyplan",
-            Input::Shard(_) => "proxyplanshard",
+            Input::ServicePlan(_) => "serviceproxyplan",
             Input::WatchError(kind, err) => {
                 let hint = if kind.starts_with("NodeProxyPlan")
-                    || kind.starts_with("ProxyPlanShard")
+                    || kind.starts_with("ServiceProxyPlan")
                 {
                     " (are the proxyplan CRDs installed? kubectl apply -f charts/proxyplan/crds)"
                 } else {
@@ -407,84 +478,141 @@ impl SyncLoop {
         self.pending = true;
         match input {
             Input::Service(event) => match relist(&mut self.relists.services, event) {
-                Relist::Event(Event::Apply(svc)) => {
-                    let result = self.planner.apply_service(&svc);
-                    self.report(result.err());
+                Relist::Event(Event::Apply(svc)) => self.apply_service(&svc),
+                Relist::Event(Event::Delete(svc)) => {
+                    self.notices.clear(
+                        "Service",
+                        &namespace_of(&svc),
+                        &svc.name_any(),
+                        "InvalidService",
+                    );
+                    self.planner.delete_service_named(&service_key(&svc));
                 }
-                Relist::Event(Event::Delete(svc)) => self.planner.delete_service(&svc),
                 Relist::Done(all) => {
-                    let errors = self.planner.reset_services(&all);
-                    self.listed("Service", errors);
+                    let keep: Vec<ServiceKey> = all.iter().map(service_key).collect();
+                    self.planner.retain_services(&keep);
+                    for svc in &all {
+                        self.apply_service(svc);
+                    }
+                    self.listed("Service");
                 }
                 _ => {}
             },
             Input::Slice(event) => match relist(&mut self.relists.slices, event) {
-                Relist::Event(Event::Apply(slice)) => {
-                    let result = self.planner.apply_slice(&slice);
-                    self.report(result.err());
+                Relist::Event(Event::Apply(slice)) => self.apply_slice(&slice),
+                Relist::Event(Event::Delete(slice)) => {
+                    self.notices.clear(
+                        "EndpointSlice",
+                        &namespace_of(&slice),
+                        &slice.name_any(),
+                        "InvalidEndpointSlice",
+                    );
+                    self.planner.delete_slice_named(&service_key(&slice));
                 }
-                Relist::Event(Event::Delete(slice)) => self.planner.delete_slice(&slice),
                 Relist::Done(all) => {
-                    let errors = self.planner.reset_slices(&all);
-                    self.listed("EndpointSlice", errors);
+                    let keep: Vec<ServiceKey> = all.iter().map(service_key).collect();
+                    self.planner.retain_slices(&keep);
+                    for slice in &all {
+                        self.apply_slice(slice);
+                    }
+                    self.listed("EndpointSlice");
                 }
                 _ => {}
             },
             Input::Node(event) => match relist(&mut self.relists.nodes, event) {
-                Relist::Event(Event::Apply(node)) => {
-                    let result = self.planner.apply_node(&node);
-                    self.report(result.err());
-                }
+                Relist::Event(Event::Apply(node)) => self.apply_node(&node),
                 Relist::Event(Event::Delete(node)) => self.planner.delete_node(&node.name_any()),
                 Relist::Done(all) => {
-                    let errors = self.planner.reset_nodes(&all);
-                    self.listed("Node", errors);
+                    let keep: Vec<String> = all.iter().map(ResourceExt::name_any).collect();
+                    self.planner.retain_nodes(&keep);
+                    for node in &all {
+                        self.apply_node(node);
+                    }
+                    self.listed("Node");
                 }
                 _ => {}
             },
             Input::Plan(event) => match relist(&mut self.relists.plans, event) {
                 Relist::Event(Event::Apply(plan)) => {
-                    self.observed(Kind::Plan, &plan.name_any(), Some(&plan.spec.revision));
+                    self.observed(Kind::Plan, &plan.name_any(), Some(&observed_plan(&plan)));
                 }
                 Relist::Event(Event::Delete(plan)) => {
-                    self.observed(Kind::Plan, &plan.name_any(), None)
+                    self.observed(Kind::Plan, &plan.name_any(), None);
                 }
                 Relist::Done(all) => {
                     self.writer.forget(Kind::Plan);
                     for plan in &all {
-                        self.writer.observe(
-                            Kind::Plan,
-                            &plan.name_any(),
-                            Some(&plan.spec.revision),
-                        );
+                        let revision = observed_plan(plan);
+                        self.writer
+                            .observe(Kind::Plan, &plan.name_any(), Some(&revision));
                     }
                     self.full_reconcile = true;
-                    self.listed("NodeProxyPlan", Vec::new());
+                    self.listed("NodeProxyPlan");
                 }
                 _ => {}
             },
-            Input::Shard(event) => match relist(&mut self.relists.shards, event) {
-                Relist::Event(Event::Apply(shard)) => {
-                    self.observed(Kind::Shard, &shard.name_any(), Some(&shard.spec.revision));
+            Input::ServicePlan(event) => match relist(&mut self.relists.service_plans, event) {
+                Relist::Event(Event::Apply(plan)) => {
+                    let revision = observed_service_plan(&plan);
+                    self.observed(Kind::Service, &qualified(&plan), Some(&revision));
                 }
-                Relist::Event(Event::Delete(shard)) => {
-                    self.observed(Kind::Shard, &shard.name_any(), None)
+                Relist::Event(Event::Delete(plan)) => {
+                    self.observed(Kind::Service, &qualified(&plan), None);
                 }
                 Relist::Done(all) => {
-                    self.writer.forget(Kind::Shard);
-                    for shard in &all {
-                        self.writer.observe(
-                            Kind::Shard,
-                            &shard.name_any(),
-                            Some(&shard.spec.revision),
-                        );
+                    self.writer.forget(Kind::Service);
+                    for plan in &all {
+                        let revision = observed_service_plan(plan);
+                        self.writer
+                            .observe(Kind::Service, &qualified(plan), Some(&revision));
                     }
                     self.full_reconcile = true;
-                    self.listed("ProxyPlanShard", Vec::new());
+                    self.listed("ServiceProxyPlan");
                 }
                 _ => {}
             },
             Input::WatchError(..) => {}
+        }
+    }
+
+    fn apply_service(&mut self, svc: &Lenient<Service>) {
+        let result = match &svc.object {
+            Ok(object) => self.planner.apply_service(object),
+            Err(err) => Err(ObjectError::Invalid {
+                kind: "Service",
+                object: qualified(svc),
+                field: err.path.clone(),
+                reason: err.message.clone(),
+            }),
+        };
+        self.report(result.err(), "Service", "v1", svc);
+    }
+
+    fn apply_slice(&mut self, slice: &Lenient<EndpointSlice>) {
+        let result = match &slice.object {
+            Ok(object) => self.planner.apply_slice(object),
+            Err(err) => Err(ObjectError::Invalid {
+                kind: "EndpointSlice",
+                object: qualified(slice),
+                field: err.path.clone(),
+                reason: err.message.clone(),
+            }),
+        };
+        self.report(result.err(), "EndpointSlice", "discovery.k8s.io/v1", slice);
+    }
+
+    fn apply_node(&mut self, node: &Lenient<Node>) {
+        let result = match &node.object {
+            Ok(object) => self.planner.apply_node(object),
+            Err(err) => Err(ObjectError::Invalid {
+                kind: "Node",
+                object: node.name_any(),
+                field: err.path.clone(),
+                reason: err.message.clone(),
+            }),
+        };
+        if let Some(error) = result.err() {
+            self.count_refusal(&error);
         }
     }
 
@@ -498,10 +626,7 @@ impl SyncLoop {
         }
     }
 
-    fn listed(&mut self, kind: &'static str, errors: Vec<ObjectError>) {
-        for err in errors {
-            self.report(Some(err));
-        }
+    fn listed(&mut self, kind: &'static str) {
         if self.relists.listed.insert(kind) {
             info!(kind, "initial list complete");
         }
@@ -510,11 +635,47 @@ impl SyncLoop {
         }
     }
 
-    fn report(&self, error: Option<ObjectError>) {
-        let Some(error) = error else { return };
+    /// Logs and counts a refused object, and records a Warning Event on it.
+    fn report<K: kube::Resource>(
+        &mut self,
+        error: Option<ObjectError>,
+        kind: &str,
+        api_version: &str,
+        object: &K,
+    ) {
+        let namespace = namespace_of(object);
+        let name = object.name_any();
+        let reason = format!("Invalid{kind}");
+        let Some(error) = error else {
+            self.notices.clear(kind, &namespace, &name, &reason);
+            return;
+        };
+        self.count_refusal(&error);
+        if error.is_invalid() {
+            self.notices.set(Notice {
+                regarding: events::reference(
+                    kind,
+                    api_version,
+                    &namespace,
+                    &name,
+                    object.meta().uid.clone(),
+                ),
+                reason,
+                note: format!(
+                    "proxyplan refused this {kind}: {error}; its last good version stays \
+                     planned"
+                ),
+            });
+            if self.leader {
+                self.notices.publish();
+            }
+        }
+    }
+
+    fn count_refusal(&self, error: &ObjectError) {
         if error.is_invalid() {
             warn!(%error, "object refused; its last good version stays planned");
-            let kind = match &error {
+            let kind = match error {
                 ObjectError::Invalid { kind, .. } | ObjectError::Ignored { kind, .. } => {
                     kind.to_lowercase()
                 }
@@ -547,6 +708,9 @@ impl SyncLoop {
             }
         }
         let changes = self.planner.take_changes();
+        for (key, warnings) in &changes.warnings {
+            self.warn_truncated(key, warnings);
+        }
         let (apply, mut delete) = if self.full_reconcile {
             let all = self.planner.all_objects();
             let stale = self.writer.stale(&all);
@@ -557,16 +721,19 @@ impl SyncLoop {
                 changes.delete.iter().map(target_of).collect(),
             )
         };
-        for (kind, name) in repairs {
-            if self.id_of(kind, &name).is_none() {
-                delete.push((kind, name));
+        for (kind, name) in &repairs {
+            if self.id_of(*kind, name).is_none() {
+                delete.push((*kind, name.clone()));
             }
         }
         self.metrics
             .compute_seconds
             .observe(started.elapsed().as_secs_f64());
         let was_full = std::mem::take(&mut self.full_reconcile);
-        let report = self.writer.write(apply, delete).await;
+        let report = self
+            .writer
+            .write(apply, delete, &repairs, &self.fence)
+            .await;
         for (op, list) in [("apply", &report.applied), ("delete", &report.deleted)] {
             for (kind, _) in list {
                 self.metrics
@@ -584,7 +751,6 @@ impl SyncLoop {
                 .set(i64::try_from(report.largest_object).unwrap_or(i64::MAX));
         }
         for err in &report.errors {
-            error!(%err, "write failed; retrying in {}s", RETRY_DELAY.as_secs());
             self.metrics
                 .write_errors
                 .get_or_create(&WriteLabels {
@@ -594,9 +760,24 @@ impl SyncLoop {
                 .inc();
             self.repairs.insert((err.kind, err.name.clone()));
         }
-        if !report.errors.is_empty() {
-            self.full_reconcile = was_full;
-            self.retry_at = Some(Instant::now() + RETRY_DELAY);
+        if !report.abandoned.is_empty() {
+            // Leadership may be lost: the next leader (maybe this replica again) makes a
+            // full reconcile, which writes these too.
+            warn!(
+                abandoned = report.abandoned.len(),
+                "leadership may be lost (the Lease was not renewed in time): writes stopped"
+            );
+            self.full_reconcile = true;
+        }
+        if report.errors.is_empty() {
+            self.retry.reset();
+        } else {
+            let delay = self.retry.next_delay();
+            for err in &report.errors {
+                error!(%err, "write failed; retrying in {:.1}s", delay.as_secs_f64());
+            }
+            self.full_reconcile |= was_full;
+            self.retry_at = Some(Instant::now() + delay);
         }
         let wrote = report.applied.len() + report.deleted.len() + report.errors.len();
         if wrote > 0 || was_full {
@@ -605,6 +786,7 @@ impl SyncLoop {
                 deleted = report.deleted.len(),
                 unchanged = report.unchanged,
                 errors = report.errors.len(),
+                abandoned = report.abandoned.len(),
                 full = was_full,
                 elapsed_ms = started.elapsed().as_millis(),
                 "sync done"
@@ -615,6 +797,24 @@ impl SyncLoop {
         }
     }
 
+    /// Records (or clears) a Warning Event on a Service whose plan had to be cut down.
+    fn warn_truncated(&mut self, key: &ServiceKey, warnings: &[String]) {
+        if warnings.is_empty() {
+            self.notices
+                .clear("Service", &key.namespace, &key.name, "ProxyPlanTruncated");
+            return;
+        }
+        for warning in warnings {
+            warn!(service = %key, %warning, "Service plan cut down to fit");
+        }
+        self.notices.set(Notice {
+            regarding: events::reference("Service", "v1", &key.namespace, &key.name, None),
+            reason: "ProxyPlanTruncated".to_owned(),
+            note: warnings.join("; "),
+        });
+        self.notices.publish();
+    }
+
     /// The planner identity of an object name, if it should exist.
     fn id_of(&self, kind: Kind, name: &str) -> Option<ObjectId> {
         match kind {
@@ -622,12 +822,24 @@ impl SyncLoop {
                 .planner
                 .has_node(name)
                 .then(|| ObjectId::Plan(name.to_owned())),
-            Kind::Shard => self
-                .planner
-                .shard_ids()
-                .into_iter()
-                .find(|id| id.name() == name),
+            Kind::Service => ObjectId::service_part(name).filter(|id| self.planner.wants(id)),
         }
+    }
+}
+
+fn namespace_of<K: kube::Resource>(object: &K) -> String {
+    object.meta().namespace.clone().unwrap_or_default()
+}
+
+/// The key the planner files a Service or EndpointSlice under.
+fn service_key<K: kube::Resource>(object: &K) -> ServiceKey {
+    ServiceKey {
+        namespace: object
+            .meta()
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        name: object.name_any(),
     }
 }
 

@@ -1,13 +1,14 @@
-//! Writing plans and shards: server-side apply under one field manager, and only what the
-//! server does not already have.
+//! Writing plans: server-side apply under one field manager, only what the server does
+//! not already have, and only while this replica holds the Lease.
 
 use std::collections::{BTreeSet, HashMap};
 
 use futures::{StreamExt, stream};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use proxyplan_crds::{NodeProxyPlan, ProxyPlanShard};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan};
 use serde::Serialize;
 
+use super::lease::Fence;
 use crate::planner::{DesiredObject, ObjectId};
 
 /// Field manager of every write the controller makes.
@@ -21,8 +22,8 @@ const CONCURRENCY: usize = 16;
 pub enum Kind {
     /// `NodeProxyPlan`.
     Plan,
-    /// `ProxyPlanShard`.
-    Shard,
+    /// `ServiceProxyPlan`.
+    Service,
 }
 
 impl Kind {
@@ -31,7 +32,7 @@ impl Kind {
     pub fn label(self) -> &'static str {
         match self {
             Self::Plan => "nodeproxyplan",
-            Self::Shard => "proxyplanshard",
+            Self::Service => "serviceproxyplan",
         }
     }
 }
@@ -44,10 +45,21 @@ pub struct WriteError {
     pub op: &'static str,
     /// Kind of the object.
     pub kind: Kind,
-    /// Name of the object.
+    /// Name of the object (`namespace/name` for a Service plan).
     pub name: String,
     /// The API error.
     pub source: kube::Error,
+}
+
+/// Why a write did not happen or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFailure {
+    /// The API server refused or did not answer.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// This replica may no longer hold the Lease: nothing more is written.
+    #[error("not written: leadership may be lost (the Lease was not renewed in time)")]
+    NotLeader,
 }
 
 /// What one [`PlanWriter::write`] did.
@@ -63,12 +75,14 @@ pub struct WriteReport {
     pub largest_object: usize,
     /// Failed writes (retried by the caller).
     pub errors: Vec<WriteError>,
+    /// Writes not made because the Lease may be lost (made again once leading).
+    pub abandoned: Vec<(Kind, String)>,
 }
 
-/// Writes plans and shards, remembering which revision the server holds of each.
+/// Writes plans, remembering which revision the server holds of each.
 pub struct PlanWriter {
+    client: kube::Client,
     plans: Api<NodeProxyPlan>,
-    shards: Api<ProxyPlanShard>,
     observed: HashMap<(Kind, String), String>,
     confirmed: HashMap<(Kind, String), String>,
 }
@@ -79,7 +93,7 @@ impl PlanWriter {
     pub fn new(client: kube::Client) -> Self {
         Self {
             plans: Api::all(client.clone()),
-            shards: Api::all(client),
+            client,
             observed: HashMap::new(),
             confirmed: HashMap::new(),
         }
@@ -117,8 +131,11 @@ impl PlanWriter {
     /// Objects on the server that are not in `desired`: the ones a full reconcile deletes.
     #[must_use]
     pub fn stale(&self, desired: &[DesiredObject]) -> Vec<(Kind, String)> {
-        let wanted: BTreeSet<(Kind, &str)> =
-            desired.iter().map(|o| (kind_of(o), o.name())).collect();
+        let names: Vec<(Kind, String)> = desired
+            .iter()
+            .map(|o| (kind_of(o), o.qualified_name()))
+            .collect();
+        let wanted: BTreeSet<(Kind, &str)> = names.iter().map(|(k, n)| (*k, n.as_str())).collect();
         let mut stale: Vec<(Kind, String)> = self
             .observed
             .keys()
@@ -130,30 +147,40 @@ impl PlanWriter {
     }
 
     /// Applies `apply` (skipping objects whose revision the server has) and deletes
-    /// `delete` (skipping objects the server does not have). Shards are written before
-    /// plans, so an agent never sees a plan naming a shard that does not exist yet.
+    /// `delete` (skipping objects the server does not have), each only while `fence`
+    /// says this replica still holds the Lease. Service plans are written before node
+    /// plans, so an agent seldom sees an overlay before the entry it overrides.
+    ///
+    /// Objects in `replace` were changed by someone else: they are written whole
+    /// (read, then replaced), because server-side apply would keep fields another
+    /// manager added.
     pub async fn write(
         &mut self,
         mut apply: Vec<DesiredObject>,
         delete: Vec<(Kind, String)>,
+        replace: &BTreeSet<(Kind, String)>,
+        fence: &Fence,
     ) -> WriteReport {
         let mut report = WriteReport::default();
         apply.retain(|o| {
-            let same = self.observed_revision(kind_of(o), o.name()) == Some(o.revision());
+            let key = (kind_of(o), o.qualified_name());
+            let same = self.observed.get(&key).map(String::as_str) == Some(o.revision());
             if same {
-                self.confirmed
-                    .insert((kind_of(o), o.name().to_owned()), o.revision().to_owned());
+                self.confirmed.insert(key, o.revision().to_owned());
             }
             report.unchanged += usize::from(same);
             !same
         });
-        let (shards, plans): (Vec<_>, Vec<_>) =
-            apply.into_iter().partition(|o| kind_of(o) == Kind::Shard);
-        for batch in [shards, plans] {
-            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| self.apply_one(o)))
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await;
+        let (services, plans): (Vec<_>, Vec<_>) =
+            apply.into_iter().partition(|o| kind_of(o) == Kind::Service);
+        for batch in [services, plans] {
+            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| {
+                let whole = replace.contains(&(kind_of(&o), o.qualified_name()));
+                self.apply_one(o, whole, fence)
+            }))
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
             for result in results {
                 match result {
                     Ok((kind, name, revision, size)) => {
@@ -162,7 +189,17 @@ impl PlanWriter {
                         self.confirmed.insert((kind, name.clone()), revision);
                         report.applied.push((kind, name));
                     }
-                    Err(err) => report.errors.push(err),
+                    Err(((kind, name), WriteFailure::Api(source))) => {
+                        report.errors.push(WriteError {
+                            op: "apply",
+                            kind,
+                            name,
+                            source,
+                        });
+                    }
+                    Err(((kind, name), WriteFailure::NotLeader)) => {
+                        report.abandoned.push((kind, name));
+                    }
                 }
             }
         }
@@ -176,7 +213,7 @@ impl PlanWriter {
         let results: Vec<_> = stream::iter(
             delete
                 .into_iter()
-                .map(|(kind, name)| self.delete_one(kind, name)),
+                .map(|(kind, name)| self.delete_one(kind, name, fence)),
         )
         .buffer_unordered(CONCURRENCY)
         .collect()
@@ -187,7 +224,17 @@ impl PlanWriter {
                     self.observed.remove(&(kind, name.clone()));
                     report.deleted.push((kind, name));
                 }
-                Err(err) => report.errors.push(err),
+                Err(((kind, name), WriteFailure::NotLeader)) => {
+                    report.abandoned.push((kind, name));
+                }
+                Err(((kind, name), WriteFailure::Api(source))) => {
+                    report.errors.push(WriteError {
+                        op: "delete",
+                        kind,
+                        name,
+                        source,
+                    });
+                }
             }
         }
         report.applied.sort();
@@ -198,53 +245,123 @@ impl PlanWriter {
     async fn apply_one(
         &self,
         object: DesiredObject,
-    ) -> Result<(Kind, String, String, usize), WriteError> {
+        whole: bool,
+        fence: &Fence,
+    ) -> Result<(Kind, String, String, usize), ((Kind, String), WriteFailure)> {
         let kind = kind_of(&object);
-        let name = object.name().to_owned();
+        let name = object.qualified_name();
         let revision = object.revision().to_owned();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let size = match &object {
             DesiredObject::Plan(p) => json_size(p),
-            DesiredObject::Shard(s) => json_size(s),
+            DesiredObject::Service(s) => json_size(s),
         };
+        if !fence.holds() {
+            return Err(((kind, name), WriteFailure::NotLeader));
+        }
+        if whole {
+            return match self.replace_one(&object, fence).await {
+                Ok(()) => Ok((kind, name, revision, size)),
+                Err(err) => Err(((kind, name), err)),
+            };
+        }
         let result = match &object {
             DesiredObject::Plan(p) => self
                 .plans
-                .patch(&name, &params, &Patch::Apply(p))
+                .patch(object.name(), &params, &Patch::Apply(p))
                 .await
                 .map(|_| ()),
-            DesiredObject::Shard(s) => self
-                .shards
-                .patch(&name, &params, &Patch::Apply(s))
+            DesiredObject::Service(s) => self
+                .services(s.metadata.namespace.as_deref().unwrap_or_default())
+                .patch(object.name(), &params, &Patch::Apply(s))
                 .await
                 .map(|_| ()),
         };
-        result
-            .map(|()| (kind, name.clone(), revision, size))
-            .map_err(|source| WriteError {
-                op: "apply",
-                kind,
-                name,
-                source,
-            })
+        match result {
+            Ok(()) => Ok((kind, name, revision, size)),
+            Err(err) => Err(((kind, name), WriteFailure::Api(err))),
+        }
     }
 
-    async fn delete_one(&self, kind: Kind, name: String) -> Result<(Kind, String), WriteError> {
+    async fn delete_one(
+        &self,
+        kind: Kind,
+        name: String,
+        fence: &Fence,
+    ) -> Result<(Kind, String), ((Kind, String), WriteFailure)> {
+        if !fence.holds() {
+            return Err(((kind, name), WriteFailure::NotLeader));
+        }
         let params = DeleteParams::default();
         let result = match kind {
             Kind::Plan => self.plans.delete(&name, &params).await.map(|_| ()),
-            Kind::Shard => self.shards.delete(&name, &params).await.map(|_| ()),
+            Kind::Service => {
+                let (namespace, short) = name.split_once('/').unwrap_or(("", name.as_str()));
+                self.services(namespace)
+                    .delete(short, &params)
+                    .await
+                    .map(|_| ())
+            }
         };
         match result {
             Ok(()) => Ok((kind, name)),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok((kind, name)),
-            Err(source) => Err(WriteError {
-                op: "delete",
-                kind,
-                name,
-                source,
-            }),
+            Err(err) => Err(((kind, name), WriteFailure::Api(err))),
         }
+    }
+
+    /// Reads the object and replaces it with ours, keeping only its `resourceVersion`
+    /// (and its status): fields someone else added go. Creates it when it is gone.
+    async fn replace_one(&self, object: &DesiredObject, fence: &Fence) -> Result<(), WriteFailure> {
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        match object {
+            DesiredObject::Plan(desired) => {
+                let name = object.name();
+                let current = self.plans.get_opt(name).await?;
+                if !fence.holds() {
+                    return Err(WriteFailure::NotLeader);
+                }
+                match current {
+                    Some(current) => {
+                        let mut next = desired.clone();
+                        next.metadata.resource_version = current.metadata.resource_version;
+                        self.plans.replace(name, &params, &next).await?;
+                    }
+                    None => {
+                        self.plans
+                            .patch(name, &apply, &Patch::Apply(desired))
+                            .await?;
+                    }
+                }
+            }
+            DesiredObject::Service(desired) => {
+                let name = object.name();
+                let api = self.services(desired.metadata.namespace.as_deref().unwrap_or_default());
+                let current = api.get_opt(name).await?;
+                if !fence.holds() {
+                    return Err(WriteFailure::NotLeader);
+                }
+                match current {
+                    Some(current) => {
+                        let mut next = desired.clone();
+                        next.metadata.resource_version = current.metadata.resource_version;
+                        api.replace(name, &params, &next).await?;
+                    }
+                    None => {
+                        api.patch(name, &apply, &Patch::Apply(desired)).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn services(&self, namespace: &str) -> Api<ServiceProxyPlan> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 }
 
@@ -253,21 +370,17 @@ impl PlanWriter {
 pub fn kind_of(object: &DesiredObject) -> Kind {
     match object {
         DesiredObject::Plan(_) => Kind::Plan,
-        DesiredObject::Shard(_) => Kind::Shard,
+        DesiredObject::Service(_) => Kind::Service,
     }
 }
 
-/// The kind and name of a planner object identity.
+/// The kind and name (`namespace/name` for a Service plan) of a planner object identity.
 #[must_use]
 pub fn target_of(id: &ObjectId) -> (Kind, String) {
-    (
-        if id.is_shard() {
-            Kind::Shard
-        } else {
-            Kind::Plan
-        },
-        id.name(),
-    )
+    match id {
+        ObjectId::Plan(_) => (Kind::Plan, id.name()),
+        ObjectId::Service(..) => (Kind::Service, id.qualified_name()),
+    }
 }
 
 /// Serialised JSON size of an object, as etcd will store it (roughly).

@@ -33,17 +33,28 @@ pub const APPLY_CONTENT_TYPE: &str = "application/apply-patch+yaml";
 
 /// Collection path of `NodeProxyPlan`s (cluster-scoped).
 pub const PLANS: &str = "/apis/proxyplan.dev/v1alpha1/nodeproxyplans";
-/// Collection path of `ProxyPlanShard`s (cluster-scoped).
-pub const SHARDS: &str = "/apis/proxyplan.dev/v1alpha1/proxyplanshards";
+/// Collection path of `ServiceProxyPlan`s in namespace [`NS`].
+pub const SERVICE_PLANS: &str = "/apis/proxyplan.dev/v1alpha1/namespaces/default/serviceproxyplans";
 
 /// The server-side apply URI of plan `name`.
 pub fn plan_apply_uri(name: &str) -> String {
     format!("{PLANS}/{name}{APPLY_QUERY}")
 }
 
-/// The server-side apply URI of shard `name`.
-pub fn shard_apply_uri(name: &str) -> String {
-    format!("{SHARDS}/{name}{APPLY_QUERY}")
+/// The server-side apply URI of Service plan `default/name`.
+pub fn service_plan_apply_uri(name: &str) -> String {
+    format!("{SERVICE_PLANS}/{name}{APPLY_QUERY}")
+}
+
+/// The GET URI of Service plan `default/name`.
+pub fn service_plan_uri(name: &str) -> String {
+    format!("{SERVICE_PLANS}/{name}")
+}
+
+/// The replace (PUT) URI of Service plan `default/name`, under the controller's field
+/// manager.
+pub fn service_plan_replace_uri(name: &str) -> String {
+    format!("{SERVICE_PLANS}/{name}?&fieldManager=proxyplan-controller")
 }
 
 /// The DELETE URI of plan `name` (kube 5 leaves an empty query).
@@ -51,9 +62,9 @@ pub fn plan_delete_uri(name: &str) -> String {
     format!("{PLANS}/{name}?")
 }
 
-/// The DELETE URI of shard `name` (kube 5 leaves an empty query).
-pub fn shard_delete_uri(name: &str) -> String {
-    format!("{SHARDS}/{name}?")
+/// The DELETE URI of Service plan `default/name` (kube 5 leaves an empty query).
+pub fn service_plan_delete_uri(name: &str) -> String {
+    format!("{SERVICE_PLANS}/{name}?")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -334,6 +345,7 @@ pub fn mk_service(name: &str, cluster_ip: &str) -> Service {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(NS.to_owned()),
+            uid: Some(format!("uid-{name}")),
             resource_version: Some("1".to_owned()),
             ..ObjectMeta::default()
         },

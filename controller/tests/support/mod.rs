@@ -484,7 +484,7 @@ pub fn load(planner: &mut Planner, nodes: &[Node], services: &[Service], slices:
     }
 }
 
-/// What node `node`'s agent programs: its plan merged with the shards it references.
+/// What node `node`'s agent programs: its plan merged with every Service plan.
 pub fn view(planner: &Planner, node: &str) -> MergedPlan {
     let Some((plan, shards)) = planner.node_view(node) else {
         panic!("no plan for node {node}");
@@ -538,20 +538,20 @@ pub const LOCAL_REJECT: TrafficPlan = TrafficPlan {
     when_empty: EmptyAction::Reject,
 };
 
-/// The objects a batch of changes touches, as `plan/<node>`, `shard/<name>` (written)
-/// and `delete plan/<node>`, `delete shard/<name>`.
+/// The objects a batch of changes touches, as `plan/<node>`, `service/<ns>/<name>`
+/// (written) and `delete plan/<node>`, `delete service/<ns>/<name>`.
 pub fn touched(changes: &Changes) -> BTreeSet<String> {
     let mut out: BTreeSet<String> = changes
         .apply
         .iter()
         .map(|o| match o {
             DesiredObject::Plan(_) => format!("plan/{}", o.name()),
-            DesiredObject::Shard(_) => format!("shard/{}", o.name()),
+            DesiredObject::Service(_) => format!("service/{}", o.qualified_name()),
         })
         .collect();
-    out.extend(changes.delete.iter().map(|id| {
-        let kind = if id.is_shard() { "shard" } else { "plan" };
-        format!("delete {kind}/{}", id.name())
+    out.extend(changes.delete.iter().map(|id| match id {
+        ObjectId::Plan(_) => format!("delete plan/{}", id.name()),
+        ObjectId::Service(..) => format!("delete service/{}", id.qualified_name()),
     }));
     out
 }
@@ -561,17 +561,17 @@ pub fn drain(planner: &mut Planner) {
     let _ = planner.take_changes();
 }
 
-/// Name of the cluster shard holding `key`, as `shard/<name>`.
-pub fn shard_holding(planner: &Planner, node: &str, key: &str) -> String {
-    let Some((_, shards)) = planner.node_view(node) else {
+/// The Service plan holding `key`, as `service/<ns>/<name>`.
+pub fn service_plan_holding(planner: &Planner, node: &str, key: &str) -> String {
+    let Some((_, services)) = planner.node_view(node) else {
         panic!("no plan for node {node}");
     };
-    for shard in shards {
-        if shard.spec.service_ports.iter().any(|e| e.key == key) {
-            return format!("shard/{}", shard.metadata.name.unwrap_or_default());
+    for service in services {
+        if service.spec.service_ports.iter().any(|e| e.key == key) {
+            return format!("service/{}", proxyplan_crds::object_key(&service));
         }
     }
-    panic!("no shard holds {key}");
+    panic!("no Service plan holds {key}");
 }
 
 /// The ids a batch of changes deletes.

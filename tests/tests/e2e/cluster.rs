@@ -1,4 +1,4 @@
-//! API calls of the suite: CRDs, plans and shards, and bounded waits that say what they
+//! API calls of the suite: CRDs, node plans and Service plans, and bounded waits that say what they
 //! last saw.
 
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use proxyplan_crds::{MergedPlan, NodeProxyPlan, ProxyPlanShard};
+use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan};
 use proxyplan_tests::e2e::fixtures::FIELD_MANAGER;
 
 /// How long each wait lasts.
@@ -114,21 +114,21 @@ pub async fn existing_plan(client: &Client, node: &str) -> Result<NodeProxyPlan,
         .ok_or_else(|| format!("no NodeProxyPlan {node}"))
 }
 
-/// Every shard.
-pub async fn shards(client: &Client) -> Result<Vec<ProxyPlanShard>, String> {
-    Api::<ProxyPlanShard>::all(client.clone())
+/// Every Service plan.
+pub async fn service_plans(client: &Client) -> Result<Vec<ServiceProxyPlan>, String> {
+    Api::<ServiceProxyPlan>::all(client.clone())
         .list(&ListParams::default())
         .await
         .map(|l| l.items)
-        .map_err(|e| format!("listing ProxyPlanShards: {e}"))
+        .map_err(|e| format!("listing ServiceProxyPlans: {e}"))
 }
 
-/// The plan of `node` merged with the shards it names, as its agent merges them.
+/// The plan of `node` merged with every Service plan, as its agent merges them.
 pub async fn merged(client: &Client, node: &str) -> Result<(NodeProxyPlan, MergedPlan), String> {
     let plan = existing_plan(client, node).await?;
-    let shards = shards(client).await?;
-    let merged = proxyplan_crds::merge(&plan, &shards)
-        .map_err(|e| format!("merging {node}'s plan with its shards: {e}"))?;
+    let services = service_plans(client).await?;
+    let merged = proxyplan_crds::merge(&plan, &services)
+        .map_err(|e| format!("merging {node}'s plan with the Service plans: {e}"))?;
     Ok((plan, merged))
 }
 
@@ -153,9 +153,6 @@ pub fn describe_status(plan: &NodeProxyPlan) -> String {
                     "\n  {}={} reason {}: {}",
                     c.type_, c.status, c.reason, c.message
                 ));
-            }
-            if !status.applied_shards.is_empty() {
-                out.push_str(&format!("\n  appliedShards {:?}", status.applied_shards));
             }
         }
     }

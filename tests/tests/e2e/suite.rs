@@ -195,7 +195,6 @@ impl Suite {
             .args(["--leader-election-lease", "proxyplan-e2e"])
             .args(["--identity", &format!("e2e-{}", self.world.run_id)])
             .args(["--cluster-cidr", fixtures::CLUSTER_CIDR])
-            .args(["--cluster-shards", "4", "--zone-shards", "1"])
             .args(["--log", "info"]);
         let log = self.workdir.join("controller.log");
         let controller =
@@ -620,8 +619,8 @@ impl Suite {
             .map_err(|e| format!("patching EndpointSlice {name}: {e}"))
     }
 
-    /// An endpoint added to a Cluster-policy Service reaches every node through one
-    /// shard (no plan changes), and every agent applies the new shard revision.
+    /// An endpoint added to a Cluster-policy Service reaches every node through its one
+    /// Service plan (no node plan changes), and every agent's kernel gets it.
     pub async fn endpoint_change(&mut self) -> Result<(), String> {
         let key = entry_key(
             self.ns(),
@@ -631,28 +630,49 @@ impl Suite {
             IpFamily::IPv4,
         );
         let plans_before = self.revisions().await?;
-        let shards = cluster::shards(&self.client).await?;
-        let (shard, shard_before) = shards
+        let services = cluster::service_plans(&self.client).await?;
+        let holders: Vec<String> = services
             .iter()
-            .find(|s| s.spec.service_ports.iter().any(|e| e.key == key))
-            .map(|s| (s.name_any(), s.spec.revision.clone()))
-            .ok_or_else(|| format!("no shard holds {key}"))?;
+            .filter(|s| s.spec.service_ports.iter().any(|e| e.key == key))
+            .map(proxyplan_crds::object_key)
+            .collect();
+        let (object, before) = match holders.as_slice() {
+            [one] => (
+                one.clone(),
+                services
+                    .iter()
+                    .find(|s| proxyplan_crds::object_key(s) == *one)
+                    .map(|s| s.spec.revision.clone())
+                    .unwrap_or_default(),
+            ),
+            other => {
+                return Err(format!(
+                    "{key} is in {other:?}, want exactly one Service plan"
+                ));
+            }
+        };
+        let expected = format!("{}/{}", self.ns(), fixtures::CLUSTER_IP);
+        if object != expected {
+            return Err(format!(
+                "{key} is in Service plan {object}, want {expected}"
+            ));
+        }
         let changed = self.world.add_endpoint(&mut self.slices)?;
         self.patch_slice(&changed).await?;
         for node in &self.world.nodes {
             self.wait_merged(node, "the added endpoint").await?;
         }
-        let shard_after = wait_for(
-            &format!("a new revision of shard {shard}"),
+        let after = wait_for(
+            &format!("a new revision of Service plan {object}"),
             WAIT,
             async || {
-                let now = cluster::shards(&self.client)
+                let now = cluster::service_plans(&self.client)
                     .await?
                     .into_iter()
-                    .find(|s| s.name_any() == shard)
+                    .find(|s| proxyplan_crds::object_key(s) == object)
                     .map(|s| s.spec.revision)
-                    .ok_or_else(|| format!("shard {shard} is gone"))?;
-                if now == shard_before {
+                    .ok_or_else(|| format!("Service plan {object} is gone"))?;
+                if now == before {
                     Err(format!("still revision {now}"))
                 } else {
                     Ok(now)
@@ -669,32 +689,14 @@ impl Suite {
         if !rewritten.is_empty() {
             return Err(format!(
                 "an endpoint change of a Cluster-policy Service rewrote the plans of {rewritten:?} \
-                 (only shard {shard} should change)"
+                 (only Service plan {object} should change)"
             ));
         }
         self.agents_running().map_err(|e| {
-            format!("the controller side passed (shard {shard} moved to {shard_after}); {e}")
+            format!("the controller side passed (Service plan {object} moved to {after}); {e}")
         })?;
         let targets = self.cluster_ip_targets();
         for node in &self.world.nodes {
-            self.wait_agent(
-                &node.name,
-                &format!("shard {shard} at {shard_after} applied"),
-                |plan| {
-                    let applied = plan
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.applied_shards.get(&shard));
-                    if applied == Some(&shard_after) {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "status.appliedShards[{shard}] = {applied:?}, want {shard_after}"
-                        ))
-                    }
-                },
-            )
-            .await?;
             self.wait_kernel(&node.name, &targets).await?;
         }
         Ok(())
@@ -799,9 +801,12 @@ impl Suite {
                 Duration::from_secs(30),
                 async || {
                     let mut left: Vec<String> = Vec::new();
-                    for shard in cluster::shards(&client).await? {
-                        if shard.spec.service_ports.iter().any(|e| e.namespace == ns) {
-                            left.push(format!("entries in shard {}", shard.name_any()));
+                    for plan in cluster::service_plans(&client).await? {
+                        if plan.metadata.namespace.as_deref() == Some(ns.as_str()) {
+                            left.push(format!(
+                                "Service plan {}",
+                                proxyplan_crds::object_key(&plan)
+                            ));
                         }
                     }
                     for name in &names {
