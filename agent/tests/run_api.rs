@@ -798,3 +798,30 @@ async fn restarted_agent_writes_no_status_when_it_is_the_same() {
     agent.api.expect_quiet().await;
     agent.stop().await;
 }
+
+/// Beside kube-proxy during a migration its ports are taken: the agent starts anyway,
+/// programs and reports, and serves /healthz once the port is free.
+#[tokio::test]
+async fn ports_in_use_do_not_stop_the_agent_and_are_taken_once_free() {
+    let hc_port = free_port();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap();
+    let mut agent = start(
+        Settings {
+            healthz_bind_address: address,
+            metrics_bind_address: address,
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    assert_eq!(agent.healthz, address);
+    let body = agent.first_sync().await;
+    assert_condition(&body["status"], "Ready", "True", "Synced", 1);
+    drop(taken);
+    let (code, _) = eventually_http(address, "/livez", |code, _| code == 200).await;
+    assert_eq!(code, 200);
+    let text = agent.metrics().await;
+    assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds"));
+    agent.stop().await;
+}

@@ -1,6 +1,7 @@
 //! `/healthz` and `/metrics`, with kube-proxy's names and semantics where the meaning
 //! is the same.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -271,14 +272,87 @@ impl Health {
     }
 }
 
+/// How often a listener whose port is taken tries again.
+pub const REBIND_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A listener of the agent's own endpoints: bound, or waiting for its port.
+pub enum Listener {
+    /// Listening.
+    Bound(TcpListener, SocketAddr),
+    /// The port is in use by someone else; bound once it is free.
+    Waiting(SocketAddr, String),
+}
+
+impl Listener {
+    /// Binds `address` for `what` (`/healthz`, `/metrics`). A port in use is no error:
+    /// the listener waits for it.
+    ///
+    /// # Errors
+    /// Any other bind error.
+    pub async fn bind(address: SocketAddr, what: &str) -> Result<Self, RunError> {
+        let error = |source| RunError::Http {
+            what: format!("{what} on {address}"),
+            source,
+        };
+        match TcpListener::bind(address).await {
+            Ok(listener) => {
+                let local = listener.local_addr().map_err(error)?;
+                Ok(Self::Bound(listener, local))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {
+                tracing::warn!(
+                    %address,
+                    what,
+                    "port in use (kube-proxy, while both run during a migration?); starting \
+                     without it and binding it once it is free"
+                );
+                Ok(Self::Waiting(address, what.to_owned()))
+            }
+            Err(err) => Err(error(err)),
+        }
+    }
+
+    /// The address it listens (or will listen) on.
+    #[must_use]
+    pub fn address(&self) -> SocketAddr {
+        match self {
+            Self::Bound(_, address) | Self::Waiting(address, _) => *address,
+        }
+    }
+
+    /// The bound listener, waiting for the port first if need be.
+    async fn ready(self) -> Result<(TcpListener, SocketAddr), RunError> {
+        match self {
+            Self::Bound(listener, address) => Ok((listener, address)),
+            Self::Waiting(address, what) => loop {
+                tokio::time::sleep(REBIND_INTERVAL).await;
+                match TcpListener::bind(address).await {
+                    Ok(listener) => {
+                        tracing::info!(%address, what, "port free now; serving");
+                        return Ok((listener, address));
+                    }
+                    Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {}
+                    Err(source) => {
+                        return Err(RunError::Http {
+                            what: format!("{what} on {address}"),
+                            source,
+                        });
+                    }
+                }
+            },
+        }
+    }
+}
+
 /// Serves `/healthz` (and `/livez`) on `healthz`, `/metrics` on `metrics`, or everything
-/// on `healthz` when `metrics` is `None`.
+/// on `healthz` when `metrics` is `None`; a listener waiting for its port serves once it
+/// has it.
 ///
 /// # Errors
 /// When a server stops.
 pub async fn serve(
-    healthz: (TcpListener, std::net::SocketAddr),
-    metrics: Option<(TcpListener, std::net::SocketAddr)>,
+    healthz: Listener,
+    metrics: Option<Listener>,
     registry: Arc<Metrics>,
     health: Arc<Health>,
 ) -> Result<(), RunError> {
@@ -293,21 +367,25 @@ pub async fn serve(
         let what = format!("{what} on {address}");
         move |source| RunError::Http { what, source }
     };
-    let (healthz_listener, healthz_address) = healthz;
     match metrics {
-        None => axum::serve(healthz_listener, health_routes.merge(metrics_routes))
-            .await
-            .map_err(error("/healthz and /metrics", healthz_address)),
-        Some((metrics_listener, metrics_address)) => tokio::try_join!(
+        None => {
+            let (listener, address) = healthz.ready().await?;
+            axum::serve(listener, health_routes.merge(metrics_routes))
+                .await
+                .map_err(error("/healthz and /metrics", address))
+        }
+        Some(metrics) => tokio::try_join!(
             async {
-                axum::serve(healthz_listener, health_routes)
+                let (listener, address) = healthz.ready().await?;
+                axum::serve(listener, health_routes)
                     .await
-                    .map_err(error("/healthz", healthz_address))
+                    .map_err(error("/healthz", address))
             },
             async {
-                axum::serve(metrics_listener, metrics_routes)
+                let (listener, address) = metrics.ready().await?;
+                axum::serve(listener, metrics_routes)
                     .await
-                    .map_err(error("/metrics", metrics_address))
+                    .map_err(error("/metrics", address))
             },
         )
         .map(|_| ()),

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::{Api, Client};
-use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::dataplane::Dataplane;
@@ -124,26 +123,29 @@ pub async fn run(
         .await
 }
 
-/// An agent whose HTTP listeners are bound, ready to run.
+/// An agent whose HTTP listeners are bound (or waiting for their port), ready to run.
 pub struct Agent<D> {
     settings: Settings,
     client: Client,
     dataplane: D,
-    healthz: (TcpListener, SocketAddr),
-    metrics: Option<(TcpListener, SocketAddr)>,
+    healthz: http::Listener,
+    metrics: Option<http::Listener>,
 }
 
 impl<D: Dataplane + Send + 'static> Agent<D> {
-    /// Binds `/healthz` and `/metrics` (one listener when the addresses are equal).
+    /// Binds `/healthz` and `/metrics` (one listener when the addresses are equal). A port
+    /// already in use (kube-proxy's, while both run during a migration) is not fatal: the
+    /// agent starts without it, says so, and binds it as soon as it is free.
     ///
     /// # Errors
-    /// When an address cannot be bound.
+    /// When an address cannot be bound for another reason (no such address, no
+    /// permission).
     pub async fn bind(settings: Settings, client: Client, dataplane: D) -> Result<Self, RunError> {
-        let healthz = bind(settings.healthz_bind_address, "/healthz").await?;
+        let healthz = http::Listener::bind(settings.healthz_bind_address, "/healthz").await?;
         let metrics = if settings.metrics_bind_address == settings.healthz_bind_address {
             None
         } else {
-            Some(bind(settings.metrics_bind_address, "/metrics").await?)
+            Some(http::Listener::bind(settings.metrics_bind_address, "/metrics").await?)
         };
         Ok(Self {
             settings,
@@ -154,16 +156,18 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
         })
     }
 
-    /// The address `/healthz` listens on.
+    /// The address `/healthz` listens on (or will, once its port is free).
     #[must_use]
     pub fn healthz_address(&self) -> SocketAddr {
-        self.healthz.1
+        self.healthz.address()
     }
 
-    /// The address `/metrics` listens on.
+    /// The address `/metrics` listens on (or will, once its port is free).
     #[must_use]
     pub fn metrics_address(&self) -> SocketAddr {
-        self.metrics.as_ref().map_or(self.healthz.1, |m| m.1)
+        self.metrics
+            .as_ref()
+            .map_or_else(|| self.healthz.address(), http::Listener::address)
     }
 
     /// Runs until `shutdown` completes. The kernel keeps what was programmed.
@@ -213,14 +217,4 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
         }
         result
     }
-}
-
-async fn bind(address: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr), RunError> {
-    let error = |source| RunError::Http {
-        what: format!("{what} on {address}"),
-        source,
-    };
-    let listener = TcpListener::bind(address).await.map_err(error)?;
-    let local = listener.local_addr().map_err(error)?;
-    Ok((listener, local))
 }
