@@ -30,6 +30,9 @@ pub const LEASE_RETRY: Duration = Duration::from_secs(2);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Longest wait for one Lease request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(4);
+/// How soon a round that failed (the API server away) is tried again: short, so that
+/// the Lease is renewed or taken within a second of the API server's return.
+pub const ERROR_RETRY: Duration = Duration::from_secs(1);
 
 /// Whether this replica may write now. Shared by the election loop, which extends it on
 /// every successful renewal, and the writer, which checks it before every request.
@@ -84,6 +87,8 @@ pub enum LeaseError {
 struct Observed {
     resource_version: Option<String>,
     at: Instant,
+    /// The duration the Lease asked for.
+    duration: Duration,
 }
 
 /// Holds or competes for one Lease.
@@ -180,21 +185,31 @@ impl LeaseElector {
         if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
             return true;
         }
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.duration, Duration::from_secs);
         let seen = match &self.observed {
             Some(o) if o.resource_version == version => o.at,
             _ => {
                 self.observed = Some(Observed {
                     resource_version: version,
                     at: now,
+                    duration,
                 });
                 now
             }
         };
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(self.duration, Duration::from_secs);
         now.duration_since(seen) > duration
+    }
+
+    /// When the Lease held by someone else will have expired by our clock if nobody
+    /// renews it: a follower tries again right then instead of a retry period later.
+    #[must_use]
+    pub fn expiry(&self) -> Option<Instant> {
+        self.observed
+            .as_ref()
+            .map(|o| o.at + o.duration + Duration::from_millis(10))
     }
 
     /// Gives the Lease up (on shutdown) so another replica takes over at once.

@@ -147,19 +147,24 @@ pub async fn keep_election(
     loop {
         let started = std::time::Instant::now();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let leading = match elector.try_acquire_or_renew(now, started).await {
+        let (leading, next) = match elector.try_acquire_or_renew(now, started).await {
             Ok(Leadership::Leader) => {
                 fence.grant_until(started + RENEW_DEADLINE);
-                true
+                (true, LEASE_RETRY)
             }
             Ok(Leadership::Follower) => {
                 fence.revoke();
-                false
+                // Try again when the holder's Lease expires if it is not renewed, so a
+                // dead leader is replaced a lease duration after its last renewal.
+                let until_expiry = elector
+                    .expiry()
+                    .map_or(LEASE_RETRY, |at| at.saturating_duration_since(started));
+                (false, LEASE_RETRY.min(until_expiry))
             }
             Err(err) => {
                 warn!(%err, "leader election round failed");
                 // Still leading until the fence runs out; the writer checks it anyway.
-                fence.holds()
+                (fence.holds(), lease::ERROR_RETRY)
             }
         };
         leader.send_if_modified(|current| {
@@ -168,7 +173,7 @@ pub async fn keep_election(
             changed
         });
         tokio::select! {
-            () = tokio::time::sleep(LEASE_RETRY) => {}
+            () = tokio::time::sleep(next) => {}
             _ = stop.changed() => return elector,
         }
     }

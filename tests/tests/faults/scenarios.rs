@@ -1,0 +1,744 @@
+//! The fault scenarios: each does to the cluster what real clusters do, checks that
+//! proxyplan keeps serving, and records what it measured.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::cluster::{WAIT, wait_for};
+use crate::harness::{Faults, MANAGER, NODE, slice_object};
+use crate::procs;
+
+/// How long the API server stays away.
+const OUTAGE: Duration = Duration::from_secs(20);
+/// The controllers' lease duration.
+const LEASE: Duration = Duration::from_secs(15);
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn signal(process: &procs::Spawned, signal: &str) -> Result<(), String> {
+    procs::run("kill", &[signal, &process.child.id().to_string()]).map(|_| ())
+}
+
+/// The nat table of `netns` without comments (`iptables-save` stamps its runs) and
+/// packet counters (traffic moves them).
+fn nat_rules_stable(netns: &str) -> String {
+    procs::nat_rules(netns)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.split_once(" [") {
+            Some((policy, _)) if l.starts_with(':') => policy,
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `GET path` on `127.0.0.1:port` inside `netns` (bash's `/dev/tcp`): the body.
+fn get_in(netns: &str, port: u16, path: &str) -> String {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3"
+    );
+    procs::run(
+        "ip",
+        &[
+            "netns", "exec", netns, "timeout", "5", "bash", "-c", &script,
+        ],
+    )
+    .unwrap_or_default()
+}
+
+/// The lines only one side has, marked `-` and `+`.
+fn line_diff(before: &str, after: &str) -> String {
+    let old: std::collections::BTreeSet<&str> = before.lines().collect();
+    let new: std::collections::BTreeSet<&str> = after.lines().collect();
+    old.difference(&new)
+        .map(|l| format!("- {l}"))
+        .chain(new.difference(&old).map(|l| format!("+ {l}")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+}
+
+impl Faults {
+    /// The agent is killed and started again on the same kernel: the rules stay while it
+    /// is gone, and its first sync after the restart changes nothing.
+    pub async fn agent_restart(&mut self) -> Result<(), String> {
+        let netns = self.netns()?;
+        let before = nat_rules_stable(&netns);
+        if !before.contains("--to-destination 10.250.1.10:8080") {
+            return Err(format!("web is not programmed:\n{before}"));
+        }
+        let agent = self.agent.as_mut().ok_or("no agent")?;
+        if let Some(mut process) = agent.process.take() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let while_gone = nat_rules_stable(&netns);
+        if while_gone != before {
+            return Err("the rules changed while the agent was gone".to_owned());
+        }
+        let started = Instant::now();
+        self.start_agent().await?;
+        let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
+        let synced = wait_for("the restarted agent's first sync", WAIT, async || {
+            let text = get_in(&netns, 10249, "/metrics");
+            match metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") {
+                Some(n) if n >= 1.0 => Ok(()),
+                other => Err(format!("sync count {other:?}")),
+            }
+        })
+        .await;
+        synced.map_err(|e| format!("{e}\n{}", self.agent_log_tail()))?;
+        let took = started.elapsed();
+        let after = nat_rules_stable(&netns);
+        if after != before {
+            return Err(format!(
+                "the restarted agent changed the rules:\n{}",
+                line_diff(&before, &after)
+            ));
+        }
+        let livez = get_in(&netns, port, "/livez");
+        if !livez.starts_with("HTTP/1.1 200") && !livez.starts_with("HTTP/1.0 200") {
+            return Err(format!("/livez after the restart: {livez}"));
+        }
+        self.report.add(
+            "agent restart",
+            "SIGKILL the agent, 1 s later start it again on the same kernel",
+            &format!(
+                "rules unchanged while it was gone and after; first sync {} after start; \
+                 nat table identical (nothing rewritten)",
+                secs(took)
+            ),
+        );
+        Ok(())
+    }
+
+    /// A Service whose status the API server accepted but strict types cannot read is
+    /// planned, and a Service created right after it is planned as promptly.
+    pub async fn odd_objects(&mut self) -> Result<(), String> {
+        self.create_service("odd", &[("http", 81)], "ClusterIP")
+            .await?;
+        let patched = self
+            .services()
+            .patch_status(
+                "odd",
+                &PatchParams::default(),
+                // No lastTransitionTime: the API server stores it as null, which strict
+                // types (k8s-openapi's Condition) refuse to decode.
+                &Patch::Merge(json!({"status": {"conditions": [{
+                    "type": "Odd", "status": "True", "reason": "Test", "message": ""}]}})),
+            )
+            .await;
+        // The API server stores it; our own strict client cannot even read its answer.
+        let accepted = match &patched {
+            Ok(_) => true,
+            Err(kube::Error::SerdeError(err)) => err.to_string().contains("null"),
+            Err(_) => false,
+        };
+        let started = Instant::now();
+        self.create_service("after-odd", &[("http", 82)], "ClusterIP")
+            .await?;
+        self.put_slice(
+            "after-odd",
+            "after-odd-1",
+            &[("http", 8080)],
+            &["10.250.1.30"],
+        )
+        .await?;
+        for service in ["odd", "after-odd"] {
+            wait_for(
+                &format!("the Service plan of {service}"),
+                WAIT,
+                async || {
+                    let plans = self.plans_of(service).await?;
+                    if plans.is_empty() {
+                        Err("none yet".to_owned())
+                    } else {
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+        }
+        let took = started.elapsed();
+        if took > Duration::from_secs(5) {
+            return Err(format!("after-odd took {} to be planned", secs(took)));
+        }
+        self.report.add(
+            "odd object",
+            &format!(
+                "Service status condition without lastTransitionTime (API server {}), then \
+                 another Service",
+                if accepted {
+                    "accepted it"
+                } else {
+                    "refused it"
+                }
+            ),
+            &format!(
+                "both planned; the next Service's plan written {} after it was created",
+                secs(took)
+            ),
+        );
+        if !accepted {
+            return Err(format!(
+                "the API server refused the odd status, nothing was tried: {patched:?}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Someone edits a Service plan and a node plan by hand, keeping `spec.revision`:
+    /// the controller notices by content and writes them back whole.
+    pub async fn hand_edits(&mut self) -> Result<(), String> {
+        let plans = self.plans_of("web").await?;
+        let web = plans.get("web").ok_or("no Service plan web")?;
+        let original = web.spec.clone();
+        let mut edited =
+            serde_json::to_value(&web.spec.service_ports).map_err(|e| e.to_string())?;
+        edited[0]["clusterEndpoints"]
+            .as_array_mut()
+            .ok_or("no clusterEndpoints")?
+            .push(json!({"ip": "10.250.9.9", "port": 8080}));
+        edited[0]["zoneEndpoints"] = json!([{"zone": "zone-a", "endpoints": []}]);
+        let started = Instant::now();
+        self.service_plans()
+            .patch(
+                "web",
+                &PatchParams {
+                    field_manager: Some("kubectl-edit".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(json!({"spec": {"servicePorts": edited}})),
+            )
+            .await
+            .map_err(|e| format!("editing the Service plan: {e}"))?;
+        wait_for("the edited Service plan repaired", WAIT, async || {
+            let now = self
+                .service_plans()
+                .get("web")
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.spec == original {
+                Ok(())
+            } else {
+                Err(format!(
+                    "still edited: {:?}",
+                    now.spec.service_ports.first()
+                ))
+            }
+        })
+        .await?;
+        let service_took = started.elapsed();
+
+        let plan = self
+            .node_plans()
+            .get(NODE)
+            .await
+            .map_err(|e| format!("reading the node plan: {e}"))?;
+        let original = plan.spec.clone();
+        let key = format!("{}/web:http/TCP/IPv4", self.namespace);
+        let started = Instant::now();
+        self.node_plans()
+            .patch(
+                NODE,
+                &PatchParams {
+                    field_manager: Some("kubectl-edit".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(json!({"spec": {"overlay": [{"key": key,
+                    "localEndpoints": [{"ip": "10.250.9.9", "port": 8080}]}]}})),
+            )
+            .await
+            .map_err(|e| format!("editing the node plan: {e}"))?;
+        wait_for("the edited node plan repaired", WAIT, async || {
+            let now = self
+                .node_plans()
+                .get(NODE)
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.spec == original {
+                Ok(())
+            } else {
+                Err(format!("still edited: overlay {:?}", now.spec.overlay))
+            }
+        })
+        .await?;
+        let node_took = started.elapsed();
+        self.report.add(
+            "hand edit",
+            "merge-patch a Service plan (an endpoint and a zone list added) and a node plan \
+             (an overlay added), spec.revision kept",
+            &format!(
+                "both written back whole (added fields gone): Service plan in {}, node plan in {}",
+                secs(service_took),
+                secs(node_took)
+            ),
+        );
+        Ok(())
+    }
+
+    /// The API server goes away for a while: the dataplane keeps its rules; right after
+    /// it returns, an endpoint change reaches the kernel within 5 s.
+    pub async fn outage(&mut self) -> Result<(), String> {
+        let netns = self.netns()?;
+        let before = nat_rules_stable(&netns);
+        self.plane.stop_apiserver()?;
+        let down = Instant::now();
+        tokio::time::sleep(OUTAGE).await;
+        let mut problems = Vec::new();
+        for controller in &mut self.controllers {
+            problems.extend(controller.process.exited());
+        }
+        if let Some(process) = self.agent.as_mut().and_then(|a| a.process.as_mut()) {
+            problems.extend(process.exited());
+        }
+        let during = nat_rules_stable(&netns);
+        if during != before {
+            problems.push(format!(
+                "the rules changed during the outage:\n{}",
+                line_diff(&before, &during)
+            ));
+        }
+        self.plane.start_apiserver()?;
+        if !problems.is_empty() {
+            return Err(problems.join("\n"));
+        }
+        let back = Instant::now();
+        let outage = back - down;
+        let target = self.add_web_endpoint().await?;
+        self.time_until_kernel_has(&target, Duration::from_secs(30))
+            .await?;
+        // From the moment the API server answered /readyz again.
+        let recovered = back.elapsed();
+        self.report.add(
+            "API server outage",
+            &format!(
+                "stop kube-apiserver for {:.0} s (watches backed off, the Lease expired), \
+                 start it, change an endpoint at once",
+                outage.as_secs_f64()
+            ),
+            &format!(
+                "rules unchanged during the outage; the change reached the kernel {} after \
+                 the API server was back",
+                secs(recovered)
+            ),
+        );
+        if recovered > Duration::from_secs(5) {
+            return Err(format!(
+                "the change took {} after the API server came back (budget 5 s)\n{}",
+                secs(recovered),
+                self.agent_log_tail()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The leader is killed: the other replica takes the Lease and writes within the
+    /// lease duration.
+    pub async fn leader_killed(&mut self) -> Result<(), String> {
+        self.start_controller("b", "200ms").await?;
+        let holder = self.lease_holder().await?.ok_or("nobody holds the Lease")?;
+        let index = self
+            .controllers
+            .iter()
+            .position(|c| c.identity == holder)
+            .ok_or_else(|| format!("the Lease holder {holder} is not one of the suite's"))?;
+        let mut leader = self.controllers.remove(index);
+        let _ = leader.process.child.kill();
+        let _ = leader.process.child.wait();
+        let killed = Instant::now();
+        let target = self.add_web_endpoint().await?;
+        let took = self
+            .time_until_kernel_has(&target, LEASE + Duration::from_secs(15))
+            .await?;
+        let new_holder = self.lease_holder().await?.unwrap_or_default();
+        self.report.add(
+            "leader killed",
+            "two replicas; SIGKILL the Lease holder, change an endpoint at once",
+            &format!(
+                "{new_holder} took over; the change reached the kernel {} after the kill \
+                 (lease duration {} s)",
+                secs(took),
+                LEASE.as_secs()
+            ),
+        );
+        if new_holder == holder || took > LEASE + Duration::from_secs(5) {
+            return Err(format!(
+                "holder {new_holder}, change after {}",
+                secs(killed.elapsed())
+            ));
+        }
+        Ok(())
+    }
+
+    /// The leader is stalled past its Lease (SIGSTOP) with a write pending, another
+    /// replica takes over and makes newer changes; resumed (SIGCONT), the old leader
+    /// writes nothing: no write counted, the object it would have reverted stays.
+    pub async fn leader_stalled(&mut self) -> Result<(), String> {
+        // A leader that syncs at most every 3 s, so that it holds a pending change when
+        // stopped, and a fast follower.
+        while let Some(mut other) = self.controllers.pop() {
+            other.process.stop().await;
+        }
+        self.start_controller("slow", "3s").await?;
+        wait_for("the slow replica to lead", WAIT, async || {
+            match self.lease_holder().await? {
+                Some(h) if h.ends_with("-slow") => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await?;
+        self.start_controller("fast", "200ms").await?;
+        let first = self.add_web_endpoint().await?;
+        self.time_until_kernel_has(&first, Duration::from_secs(20))
+            .await?;
+        let written_before = self
+            .controller_metric(0, "proxyplan_controller_objects_written_total")
+            .await?;
+        // A change the slow leader holds for up to 3 s; stopped before it writes it.
+        let pending = self.add_web_endpoint().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let slow = self.controllers.first().ok_or("no slow replica")?;
+        signal(&slow.process, "-STOP")?;
+        let stopped = Instant::now();
+        wait_for(
+            "the fast replica to take the Lease",
+            LEASE * 3,
+            async || match self.lease_holder().await? {
+                Some(h) if h.ends_with("-fast") => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            },
+        )
+        .await?;
+        let takeover = stopped.elapsed();
+        self.time_until_kernel_has(&pending, Duration::from_secs(20))
+            .await?;
+        // A newer change the stalled leader knows nothing about.
+        let newest = self.add_web_endpoint().await?;
+        self.time_until_kernel_has(&newest, Duration::from_secs(20))
+            .await?;
+        let web = self
+            .service_plans()
+            .get("web")
+            .await
+            .map_err(|e| e.to_string())?;
+        let version = web.metadata.resource_version.clone();
+        let slow = self.controllers.first().ok_or("no slow replica")?;
+        signal(&slow.process, "-CONT")?;
+        let resumed = Instant::now();
+        let mut flaps = 0;
+        while resumed.elapsed() < Duration::from_secs(8) {
+            let now = self
+                .service_plans()
+                .get("web")
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.metadata.resource_version != version {
+                flaps += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let written_after = self
+            .controller_metric(0, "proxyplan_controller_objects_written_total")
+            .await?;
+        let stalled_writes = written_after - written_before;
+        let slow = self.controllers.first().ok_or("no slow replica")?;
+        let log = std::fs::read_to_string(&slow.process.log).unwrap_or_default();
+        let stood_down = log.contains("writes stopped") || log.contains("leading=false");
+        self.report.add(
+            "leader stalled",
+            "two replicas; a change pending on the leader (min sync interval 3 s); SIGSTOP it \
+             past its Lease, the other takes over and writes a newer change; SIGCONT",
+            &format!(
+                "takeover {} after SIGSTOP; after SIGCONT the old leader wrote {stalled_writes} \
+                 objects (counted by its metrics) and the Service plan it would have reverted \
+                 changed {flaps} times in 8 s; it {}",
+                secs(takeover),
+                if stood_down {
+                    "logged that it stopped writing"
+                } else {
+                    "logged nothing about leadership"
+                }
+            ),
+        );
+        if stalled_writes > 0.0 || flaps > 0 {
+            return Err(format!(
+                "the stalled leader wrote after losing the Lease ({stalled_writes} writes, \
+                 {flaps} changes of the Service plan)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A Service the controller refuses (a loopback load-balancer IP, which the API
+    /// server accepts) and one it must cut down (1,100 external IPs) get Warning Events.
+    pub async fn warning_events(&mut self) -> Result<(), String> {
+        self.create_service("bad-lb", &[("http", 83)], "LoadBalancer")
+            .await?;
+        self.services()
+            .patch_status(
+                "bad-lb",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"status": {"loadBalancer": {"ingress": [{"ip": "127.0.0.1"}]}}}),
+                ),
+            )
+            .await
+            .map_err(|e| format!("patching bad-lb's status: {e}"))?;
+        let external: Vec<String> = (0..1100)
+            .map(|i| format!("100.64.{}.{}", i / 250, 1 + i % 250))
+            .collect();
+        let service: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "many-ips", "namespace": self.namespace},
+            "spec": {"ports": [{"name": "http", "port": 84, "targetPort": 8080}],
+                     "externalIPs": external}
+        }))
+        .map_err(|e| e.to_string())?;
+        self.services()
+            .create(&PostParams::default(), &service)
+            .await
+            .map_err(|e| format!("creating many-ips: {e}"))?;
+        let started = Instant::now();
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &self.namespace);
+        for (service, reason) in [
+            ("bad-lb", "InvalidService"),
+            ("many-ips", "ProxyPlanTruncated"),
+        ] {
+            let note = wait_for(
+                &format!("a {reason} Event on {service}"),
+                WAIT,
+                async || {
+                    let list = events
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    list.items
+                        .iter()
+                        .find(|e| {
+                            e.reason.as_deref() == Some(reason)
+                                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                    == Some(service)
+                        })
+                        .map(|e| e.note.clone().unwrap_or_default())
+                        .ok_or_else(|| {
+                            format!(
+                                "events: {:?}",
+                                list.items
+                                    .iter()
+                                    .map(|e| (
+                                        e.reason.clone(),
+                                        e.regarding.as_ref().and_then(|r| r.name.clone())
+                                    ))
+                                    .collect::<Vec<_>>()
+                            )
+                        })
+                },
+            )
+            .await?;
+            println!("faults: {reason} on {service}: {note}");
+        }
+        let took = started.elapsed();
+        // The truncated Service is still planned, with the first 1,024 external IPs.
+        let plans = self.plans_of("many-ips").await?;
+        let entry = plans
+            .values()
+            .flat_map(|p| &p.spec.service_ports)
+            .next()
+            .ok_or("many-ips has no Service plan")?;
+        if entry.external_ips.len() != proxyplan_crds::MAX_EXTERNAL_IPS {
+            return Err(format!(
+                "many-ips: {} external IPs planned",
+                entry.external_ips.len()
+            ));
+        }
+        self.report.add(
+            "refused and oversized Services",
+            "LoadBalancer Service with ingress IP 127.0.0.1 (accepted by the API server); \
+             Service with 1,100 external IPs",
+            &format!(
+                "Warning Events InvalidService and ProxyPlanTruncated within {}; the second is \
+                 planned with its first 1,024 external IPs",
+                secs(took)
+            ),
+        );
+        Ok(())
+    }
+
+    /// One Service with 6,000 endpoints over 60 slices, 6 ports, 100 external IPs and 300
+    /// source ranges: its plan is spread over objects that each stay under 1 MiB, and a
+    /// neighbour's change is still written promptly.
+    pub async fn huge_service(&mut self) -> Result<(), String> {
+        // The agent would spend minutes programming 36,000 endpoints in iptables mode on
+        // this machine's nft back end: this scenario is about the controller's writes.
+        if let Some(process) = self.agent.as_mut().and_then(|a| a.process.as_mut()) {
+            process.stop().await;
+        }
+        let ports: Vec<(String, i32)> = (0..6).map(|i| (format!("p{i}"), 100 + i)).collect();
+        let external: Vec<String> = (0..100).map(|i| format!("100.65.0.{}", i + 1)).collect();
+        let ranges: Vec<String> = (0..300)
+            .map(|i| format!("100.{}.{}.0/24", 66 + i / 250, i % 250))
+            .collect();
+        let service: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "huge", "namespace": self.namespace},
+            "spec": {"type": "LoadBalancer",
+                     "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "targetPort": 8080})).collect::<Vec<_>>(),
+                     "externalIPs": external, "loadBalancerSourceRanges": ranges}
+        }))
+        .map_err(|e| e.to_string())?;
+        self.services()
+            .create(&PostParams::default(), &service)
+            .await
+            .map_err(|e| format!("creating huge: {e}"))?;
+        let started = Instant::now();
+        let slice_ports: Vec<(&str, i32)> = ports.iter().map(|(n, _)| (n.as_str(), 8080)).collect();
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.namespace);
+        for s in 0..60 {
+            let addresses: Vec<String> = (0..100)
+                .map(|i| format!("10.252.{}.{}", s, i + 1))
+                .collect();
+            let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+            let object = slice_object(
+                &self.namespace,
+                "huge",
+                &format!("huge-{s}"),
+                &slice_ports,
+                &refs,
+            )?;
+            slices
+                .patch(
+                    &format!("huge-{s}"),
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .map_err(|e| format!("applying slice huge-{s}: {e}"))?;
+        }
+        let (parts, sizes) = wait_for("huge's plan with every endpoint", WAIT * 2, async || {
+            let plans = self.plans_of("huge").await?;
+            let entries: Vec<_> = plans.values().flat_map(|p| &p.spec.service_ports).collect();
+            let full =
+                entries.len() == 6 && entries.iter().all(|e| e.cluster_endpoints.len() == 6000);
+            if full {
+                let sizes: Vec<usize> = plans
+                    .values()
+                    .map(|p| serde_json::to_vec(p).map_or(usize::MAX, |v| v.len()))
+                    .collect();
+                Ok((plans.len(), sizes))
+            } else {
+                Err(format!(
+                    "{} parts, entries with {:?} endpoints",
+                    plans.len(),
+                    entries
+                        .iter()
+                        .map(|e| e.cluster_endpoints.len())
+                        .collect::<Vec<_>>()
+                ))
+            }
+        })
+        .await?;
+        let took = started.elapsed();
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        if largest >= 1 << 20 {
+            return Err(format!("a part of huge's plan is {largest} bytes"));
+        }
+        // The neighbour still updates promptly.
+        let before = self
+            .service_plans()
+            .get("web")
+            .await
+            .map_err(|e| e.to_string())?
+            .spec
+            .revision;
+        let target = self.add_web_endpoint().await?;
+        let changed = Instant::now();
+        let address = target.trim_end_matches(":8080").to_owned();
+        wait_for("web's plan with the new endpoint", WAIT, async || {
+            let web = self
+                .service_plans()
+                .get("web")
+                .await
+                .map_err(|e| e.to_string())?;
+            let has = web
+                .spec
+                .service_ports
+                .iter()
+                .any(|e| e.cluster_endpoints.iter().any(|ep| ep.ip == address));
+            if has && web.spec.revision != before {
+                Ok(())
+            } else {
+                Err("not yet".to_owned())
+            }
+        })
+        .await?;
+        let neighbour = changed.elapsed();
+        self.report.add(
+            "huge Service",
+            "6,000 endpoints in 60 slices, 6 ports, 100 external IPs, 300 source ranges; then \
+             an endpoint change of a neighbour",
+            &format!(
+                "planned in {} as {parts} objects, largest {:.0} KiB (< 1 MiB); the neighbour's \
+                 plan written {} after its change",
+                secs(took),
+                largest as f64 / 1024.0,
+                secs(neighbour)
+            ),
+        );
+        if parts < 2 {
+            return Err(format!(
+                "huge's plan fits one object ({largest} bytes): nothing was split"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Deleting a Service deletes its plan; deleting the Node deletes the node's plan.
+    pub async fn cleanup(&mut self) -> Result<(), String> {
+        self.services()
+            .delete("huge", &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting huge: {e}"))?;
+        wait_for("huge's plans deleted", WAIT, async || {
+            let left = self.plans_of("huge").await?;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} left", left.len()))
+            }
+        })
+        .await?;
+        Api::<Node>::all(self.client.clone())
+            .delete(NODE, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting the Node: {e}"))?;
+        wait_for("the node plan deleted", WAIT, async || {
+            match self
+                .node_plans()
+                .get_opt(NODE)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                None => Ok(()),
+                Some(plan) => Err(format!("still there: {}", plan.name_any())),
+            }
+        })
+        .await?;
+        Ok(())
+    }
+}
