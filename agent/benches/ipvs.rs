@@ -36,7 +36,7 @@ use proxyplan_agent::ipvs::render::IpvsSettings;
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge_cached, object_key,
+    MergeCache, MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge_cached, merge_update, object_key,
 };
 
 const NODE: &str = "node-00000";
@@ -98,6 +98,8 @@ struct Objects {
     plan: Option<NodeProxyPlan>,
     services: Vec<ServiceProxyPlan>,
     index: std::collections::HashMap<String, usize>,
+    /// Objects changed since the last merge, as the agent's cache tracks them.
+    changed: Vec<String>,
     versions: u64,
     cache: MergeCache,
 }
@@ -118,6 +120,7 @@ impl Objects {
                     self.versions += 1;
                     s.metadata.resource_version = Some(self.versions.to_string());
                     let key = object_key(&s);
+                    self.changed.push(key.clone());
                     match self.index.get(&key) {
                         Some(&i) => self.services[i] = s,
                         None => {
@@ -129,6 +132,7 @@ impl Objects {
             }
         }
         for id in changes.delete {
+            self.changed.push(id.qualified_name());
             if let Some(i) = self.index.remove(&id.qualified_name()) {
                 self.services.swap_remove(i);
                 self.cache.forget(&id.qualified_name());
@@ -139,10 +143,17 @@ impl Objects {
         }
     }
 
-    /// The merged plan, as the agent's `run` merges it (reusing unchanged objects).
+    /// The merged plan, as the agent's `run` merges it: the last merge updated with the
+    /// changed objects (everything the first time).
     fn merged(&mut self) -> MergedPlan {
         let plan = self.plan.as_ref().expect("node plan");
-        merge_cached(plan, &self.services, &mut self.cache).expect("merges")
+        let changed = std::mem::take(&mut self.changed);
+        let (services, index) = (&self.services, &self.index);
+        let lookup = |key: &str| index.get(key).and_then(|&i| services.get(i));
+        match merge_update(plan, lookup, &changed, &mut self.cache) {
+            Some(result) => result.expect("merges"),
+            None => merge_cached(plan, &self.services, &mut self.cache).expect("merges"),
+        }
     }
 
     fn write_file(&self) -> PathBuf {
@@ -369,6 +380,7 @@ fn synthetic(services: usize) -> (SyntheticCluster, Planner, Objects) {
         plan: None,
         services: Vec::new(),
         index: std::collections::HashMap::new(),
+        changed: Vec::new(),
         versions: 0,
         cache: MergeCache::new(),
     };

@@ -136,14 +136,61 @@ struct Overridden {
 
 #[derive(Debug)]
 struct Combined {
-    /// The objects merged, with the version of the entries used.
-    versions: HashMap<Arc<str>, String>,
+    /// Every object of the merge.
+    objects: HashMap<Arc<str>, MergedObject>,
     zone: Option<String>,
     entries: Vec<Located>,
+    /// Sum of the objects' fingerprint parts.
+    fingerprint: u64,
     /// Entries left out as duplicates, by the object they came from. While there are
     /// any, the next merge sorts everything again (so an entry left out comes back once
     /// its twin is gone).
     duplicates: Vec<(Arc<str>, PlanError)>,
+}
+
+/// What one object brought to a merge.
+#[derive(Debug)]
+struct MergedObject {
+    /// Version of the entries used (`None`: none were).
+    version: Option<String>,
+    /// Its part of the fingerprint (0 when no entries were used).
+    part: u64,
+    /// Why its newest version was refused, if it was.
+    refused: Option<PlanError>,
+}
+
+impl MergedObject {
+    fn of(name: &str, taken: &Taken) -> Self {
+        let used = taken.entries.is_some();
+        Self {
+            version: taken.version.clone().filter(|_| used),
+            // By content revision, not resourceVersion: an object written again
+            // unchanged (a label edit, a re-apply) changes nothing to program.
+            part: if used {
+                crate::stable_hash(format!("{name}\0{}", taken.revision).as_bytes())
+            } else {
+                0
+            },
+            refused: taken.refused.clone(),
+        }
+    }
+}
+
+impl Combined {
+    /// The refusals to report: each object's (by name), then the duplicates.
+    fn refused(&self) -> Vec<PlanError> {
+        let mut named: Vec<(&Arc<str>, &PlanError)> = self
+            .objects
+            .iter()
+            .filter_map(|(name, o)| Some((name, o.refused.as_ref()?)))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(b.0));
+        named
+            .into_iter()
+            .map(|(_, e)| e.clone())
+            .chain(self.duplicates.iter().map(|(_, e)| e.clone()))
+            .collect()
+    }
 }
 
 /// Sort order of merged entries: by key, equal keys by object and position (so the later
@@ -253,9 +300,20 @@ impl MergeCache {
     pub fn forget(&mut self, object: &str) {
         self.objects.remove(object);
         if let Some(combined) = &mut self.combined {
-            combined.versions.remove(object);
+            if let Some(gone) = combined.objects.remove(object) {
+                combined.fingerprint = combined.fingerprint.wrapping_sub(gone.part);
+            }
             combined.entries.retain(|l| &*l.1 != object);
         }
+    }
+
+    /// Whether [`merge_update`] can bring the last merge up to date for a node in `zone`
+    /// (otherwise the caller merges everything with [`merge_cached`]).
+    #[must_use]
+    pub fn can_update(&self, zone: Option<&str>) -> bool {
+        self.combined
+            .as_ref()
+            .is_some_and(|c| c.zone.as_deref() == zone && c.duplicates.is_empty())
     }
 
     /// How many objects it holds.
@@ -516,18 +574,9 @@ fn take_cached<'a>(
     }
 }
 
-/// The merge, with the entries of an object that is not in `cache` from
-/// `entries_of(position in services, object)`.
-fn merge_with<'a>(
-    plan: &NodeProxyPlan,
-    services: &'a [ServiceProxyPlan],
-    cache: &mut MergeCache,
-    mut entries_of: impl FnMut(usize, &'a ServiceProxyPlan) -> ObjectEntries<'a>,
-) -> Result<MergedPlan, PlanError> {
-    let plan_name = kube::ResourceExt::name_any(plan);
-    let object = format!("NodeProxyPlan/{plan_name}");
+/// The node plan's own fields, checked: its addresses.
+fn check_plan(plan: &NodeProxyPlan, check: &Checker<'_>) -> Result<Vec<IpAddr>, PlanError> {
     let spec = &plan.spec;
-    let check = Checker { object: &object };
     check.name(&"spec.nodeName", &spec.node_name, 253)?;
     for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
         check.cidr(&|| format!("spec.podCIDRs[{i}]"), cidr, None)?;
@@ -539,11 +588,25 @@ fn merge_with<'a>(
     for (i, address) in spec.addresses.iter().enumerate() {
         addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
     }
-    let zone = spec.zone.as_deref();
+    Ok(addresses)
+}
+
+/// The merge, with the entries of an object that is not in `cache` from
+/// `entries_of(position in services, object)`.
+fn merge_with<'a>(
+    plan: &NodeProxyPlan,
+    services: &'a [ServiceProxyPlan],
+    cache: &mut MergeCache,
+    mut entries_of: impl FnMut(usize, &'a ServiceProxyPlan) -> ObjectEntries<'a>,
+) -> Result<MergedPlan, PlanError> {
+    let plan_name = kube::ResourceExt::name_any(plan);
+    let object = format!("NodeProxyPlan/{plan_name}");
+    let check = Checker { object: &object };
+    let addresses = check_plan(plan, &check)?;
+    let zone = plan.spec.zone.as_deref();
 
     // Each object's entries, from the cache where it holds them. Of two objects with one
     // name, the later wins.
-    let mut refused = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(services.len());
     let mut taken: Vec<(Arc<str>, Taken)> = Vec::with_capacity(services.len());
     for (position, object) in services.iter().enumerate() {
@@ -565,88 +628,138 @@ fn merge_with<'a>(
     if !cache.keep_unnamed {
         cache.objects.retain(|key, _| seen.contains_key(key));
     }
-    for (_, t) in &mut taken {
-        refused.extend(t.refused.take());
-    }
-
-    // The same zone and every object cached: only the changed objects' entries are
-    // replaced, the rest stay sorted. Otherwise every entry is sorted.
     let all_versioned = taken
         .iter()
         .all(|(_, t)| t.entries.is_none() || t.version.is_some());
-    let previous = cache
-        .combined
-        .take()
-        .filter(|p| p.zone.as_deref() == zone && p.duplicates.is_empty() && all_versioned);
-    let (mut entries, placed) = match previous {
-        Some(previous) => {
-            let mut changed: HashSet<Arc<str>> = HashSet::new();
-            for (name, t) in &taken {
-                let now = t.entries.as_ref().and(t.version.as_ref());
-                if previous.versions.get(name) != now {
-                    changed.insert(Arc::clone(name));
-                }
-            }
-            for name in previous.versions.keys() {
-                if !seen.contains_key(&**name) {
-                    changed.insert(Arc::clone(name));
-                }
-            }
-            let mut base = previous.entries;
-            if !changed.is_empty() {
-                base.retain(|(_, name, _)| !changed.contains(name));
-            }
-
-            let mut fresh: Vec<Located> = Vec::new();
-            for (name, t) in &taken {
-                if changed.contains(name) {
-                    fresh.extend(located(name, t));
-                }
-            }
-            fresh.sort_by(located_order);
-            let (entries, placed) = merge_sorted(base, fresh);
-            (entries, Some(placed))
-        }
-        None => {
-            let mut all: Vec<Located> = taken
-                .iter()
-                .flat_map(|(name, t)| located(name, t))
-                .collect();
-            all.sort_by(located_order);
-            (all, None)
-        }
-    };
-    let duplicates = drop_duplicates(&mut entries, placed.as_deref());
-    refused.extend(duplicates.iter().map(|(_, e)| e.clone()));
-    let mut merged: Vec<Arc<ServicePortPlan>> =
-        entries.iter().map(|(e, ..)| Arc::clone(e)).collect();
-    if all_versioned {
-        cache.combined = Some(Combined {
-            versions: taken
-                .iter()
-                .filter_map(|(name, t)| {
-                    t.entries.as_ref()?;
-                    Some((Arc::clone(name), t.version.clone()?))
-                })
-                .collect(),
-            zone: zone.map(str::to_owned),
-            entries,
-            duplicates,
-        });
-    }
-
-    let unmatched = apply_overlay(plan, &check, cache, &mut merged)?;
-    // By content revision, not resourceVersion: an object written again unchanged (a
-    // label edit, a re-apply) changes nothing to program.
-    let services_fingerprint = taken
+    cache.combined = None;
+    let mut entries: Vec<Located> = taken
         .iter()
-        .filter_map(|(name, t)| {
-            t.entries.as_ref()?;
-            Some(crate::stable_hash(
-                format!("{name}\0{}", t.revision).as_bytes(),
-            ))
-        })
-        .fold(0u64, u64::wrapping_add);
+        .flat_map(|(name, t)| located(name, t))
+        .collect();
+    entries.sort_by(located_order);
+    let duplicates = drop_duplicates(&mut entries, None);
+    let mut objects = HashMap::with_capacity(taken.len());
+    let mut fingerprint = 0u64;
+    for (name, t) in &taken {
+        let merged = MergedObject::of(name, t);
+        fingerprint = fingerprint.wrapping_add(merged.part);
+        objects.insert(Arc::clone(name), merged);
+    }
+    let combined = Combined {
+        objects,
+        zone: zone.map(str::to_owned),
+        entries,
+        fingerprint,
+        duplicates,
+    };
+    finish(plan, &check, cache, combined, addresses, all_versioned)
+}
+
+/// Brings the last merge up to date after the objects named in `changed`
+/// (`namespace/name`) changed, appeared or went, looking each up with `lookup`: only
+/// their entries are validated, removed and placed again. `None` when the last merge
+/// cannot be updated ([`MergeCache::can_update`]): merge everything instead.
+///
+/// # Errors
+/// When the node plan itself is invalid.
+pub fn merge_update<'a>(
+    plan: &NodeProxyPlan,
+    lookup: impl Fn(&str) -> Option<&'a ServiceProxyPlan>,
+    changed: &[String],
+    cache: &mut MergeCache,
+) -> Option<Result<MergedPlan, PlanError>> {
+    let zone = plan.spec.zone.as_deref();
+    if !cache.can_update(zone) {
+        return None;
+    }
+    let plan_name = kube::ResourceExt::name_any(plan);
+    let object = format!("NodeProxyPlan/{plan_name}");
+    let check = Checker { object: &object };
+    let addresses = match check_plan(plan, &check) {
+        Ok(addresses) => addresses,
+        Err(err) => return Some(Err(err)),
+    };
+    let mut combined = cache.combined.take()?;
+    let mut fresh: Vec<Located> = Vec::new();
+    let changed: std::collections::BTreeSet<&String> = changed.iter().collect();
+    for key in changed {
+        let Some(name) = combined
+            .objects
+            .get_key_value(key.as_str())
+            .map(|(name, _)| Arc::clone(name))
+            .or_else(|| lookup(key).map(|_| Arc::from(key.as_str())))
+        else {
+            continue;
+        };
+        // Out with what it brought before.
+        if let Some(old) = combined.objects.remove(&name) {
+            combined.fingerprint = combined.fingerprint.wrapping_sub(old.part);
+            if old.version.is_some()
+                && let Some(held) = cache.objects.get(key)
+            {
+                for entry in &held.entries {
+                    remove_located(&mut combined.entries, &entry.key, &name);
+                }
+            }
+        }
+        // In with what it brings now.
+        let Some(object) = lookup(key) else {
+            if !cache.keep_unnamed {
+                cache.objects.remove(key.as_str());
+            }
+            continue;
+        };
+        let taken = take_cached(cache, object, key, zone, || {
+            ObjectEntries::Borrowed(&object.spec.service_ports)
+        });
+        let merged = MergedObject::of(&name, &taken);
+        combined.fingerprint = combined.fingerprint.wrapping_add(merged.part);
+        fresh.extend(located(&name, &taken));
+        combined.objects.insert(name, merged);
+    }
+    fresh.sort_by(located_order);
+    let (mut entries, placed) = merge_sorted(std::mem::take(&mut combined.entries), fresh);
+    combined.duplicates = drop_duplicates(&mut entries, Some(&placed));
+    combined.entries = entries;
+    Some(finish(plan, &check, cache, combined, addresses, true))
+}
+
+/// Removes the entry `key` that `object` brought, if there is one.
+fn remove_located(entries: &mut Vec<Located>, key: &str, object: &Arc<str>) {
+    let start = entries.partition_point(|l| l.0.key.as_str() < key);
+    let found = entries
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|l| l.0.key == key)
+        .position(|l| Arc::ptr_eq(&l.1, object) || *l.1 == **object);
+    if let Some(offset) = found {
+        entries.remove(start + offset);
+    }
+}
+
+/// The merged plan of `combined` with the node overlay; keeps `combined` for the next
+/// merge when every object had a `resourceVersion`.
+fn finish(
+    plan: &NodeProxyPlan,
+    check: &Checker<'_>,
+    cache: &mut MergeCache,
+    combined: Combined,
+    addresses: Vec<IpAddr>,
+    keep: bool,
+) -> Result<MergedPlan, PlanError> {
+    let spec = &plan.spec;
+    let mut merged: Vec<Arc<ServicePortPlan>> = combined
+        .entries
+        .iter()
+        .map(|(e, ..)| Arc::clone(e))
+        .collect();
+    let refused = combined.refused();
+    let services_fingerprint = combined.fingerprint;
+    if keep {
+        cache.combined = Some(combined);
+    }
+    let unmatched = apply_overlay(plan, check, cache, &mut merged)?;
     Ok(MergedPlan {
         node_name: spec.node_name.clone(),
         revision: spec.revision.clone(),

@@ -6,7 +6,7 @@ use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
     MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
     ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan, TrafficPolicy,
-    ZoneEndpoints, merge, merge_cached, merge_owned,
+    ZoneEndpoints, merge, merge_cached, merge_owned, merge_update, object_key,
 };
 use std::sync::Arc;
 
@@ -441,11 +441,28 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
         .collect();
     let mut version = 1;
     let mut cache = MergeCache::new();
+    // A second cache kept up to date object by object, as the agent's.
+    let mut updated = MergeCache::new();
+    let mut updates = 0;
     let mut duplicates = 0;
+    // A part that duplicates a key is taken out again at the next step.
+    let mut duplicate_part: Option<String> = None;
     let mut edits: u16 = 1000;
     let mut overlay_key = String::new();
     let mut zone = "z1";
     for step in 0..300 {
+        let before: std::collections::BTreeMap<String, String> = objects
+            .iter()
+            .map(|o| {
+                (
+                    object_key(o),
+                    o.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        if let Some(part) = duplicate_part.take() {
+            objects.retain(|o| o.metadata.name.as_deref() != Some(part.as_str()));
+        }
         // Change one or two objects: add, drop or edit entries and zone lists, reorder
         // them, add or remove objects, and now and then a second part duplicating a key.
         for _ in 0..=rng.below(2) {
@@ -492,6 +509,7 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
                     let mut part = service(&format!("{base}.1"), vec![copy]);
                     part.metadata.resource_version = Some(version.to_string());
                     objects.push(part);
+                    duplicate_part = Some(format!("{base}.1"));
                     duplicates += 1;
                 }
                 8 if count > 10 => {
@@ -538,8 +556,35 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
         let fresh = merge(&p, &objects).expect("the node plan is fine");
         let cached = merge_cached(&p, &objects, &mut cache).expect("the node plan is fine");
         assert_eq!(fresh, cached, "step {step}");
+        let after: std::collections::BTreeMap<String, String> = objects
+            .iter()
+            .map(|o| {
+                (
+                    object_key(o),
+                    o.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let changed: Vec<String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|k| before.get(*k) != after.get(*k))
+            .cloned()
+            .collect();
+        let lookup = |key: &str| objects.iter().find(|o| object_key(o) == key);
+        let incremental = match merge_update(&p, lookup, &changed, &mut updated) {
+            Some(result) => {
+                updates += 1;
+                result
+            }
+            None => merge_cached(&p, &objects, &mut updated),
+        }
+        .expect("the node plan is fine");
+        assert_eq!(fresh, incremental, "step {step}: updated by {changed:?}");
     }
     assert!(duplicates > 3, "{duplicates} duplicate parts made");
+    println!("{updates} of 300 merges were updates, {duplicates} duplicate parts");
+    assert!(updates > 150, "{updates} merges were updates");
 }
 
 #[test]

@@ -11,7 +11,8 @@ use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use proxyplan_crds::lenient::{DecodeError, Lenient};
 use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ServiceProxyPlan, merge_cached, object_key,
+    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ServiceProxyPlan, merge_cached, merge_update,
+    object_key,
 };
 
 /// What the current plan and Service plans amount to.
@@ -99,6 +100,11 @@ pub struct PlanCache {
     undecodable: BTreeMap<String, DecodeError>,
     services_listed: bool,
     services_relist: Option<Vec<Lenient<ServiceProxyPlan>>>,
+    /// Service plans stored, changed or removed since the last merge: the next merge
+    /// updates only these (unless `merge_all`).
+    changed: std::collections::BTreeSet<String>,
+    /// The next merge must look at every object (after a re-list).
+    merge_all: bool,
     /// Service plans already validated, so a merge after one changed checks and copies
     /// only that one. It holds their entries: the stored objects drop theirs.
     merges: Merges,
@@ -250,6 +256,7 @@ impl PlanCache {
                 let had = self.services.remove(&key);
                 let was_undecodable = self.undecodable.remove(&key).is_some();
                 self.merges.0.forget(&key);
+                self.changed.insert(key);
                 Change {
                     relevant: had || was_undecodable,
                     ..Change::default()
@@ -275,6 +282,9 @@ impl PlanCache {
                         }
                         Some(held) => held.spec != object.spec,
                     };
+                if relevant {
+                    self.changed.insert(key.clone());
+                }
                 self.services.upsert(key, object);
                 relevant
             }
@@ -298,6 +308,7 @@ impl PlanCache {
         for object in fresh.into_values() {
             self.upsert(object);
         }
+        self.merge_all = true;
         // A completed list always counts: it may be what a sync waits for, and a sync
         // whose merged plan is unchanged costs a merge, not a kernel update.
         Change {
@@ -325,14 +336,40 @@ impl PlanCache {
                 },
             };
         }
-        match merge_cached(plan, &self.services.objects, &mut self.merges.0) {
+        let changed: Vec<String> = std::mem::take(&mut self.changed).into_iter().collect();
+        let store = &self.services;
+        let updated = if self.merge_all {
+            None
+        } else {
+            merge_update(plan, |key| store.get(key), &changed, &mut self.merges.0)
+        };
+        let all = updated.is_none();
+        let result = match updated {
+            Some(result) => result,
+            None => merge_cached(plan, &self.services.objects, &mut self.merges.0),
+        };
+        match result {
             Ok(mut merged) => {
-                // The cache holds these objects' validated entries now.
-                for object in &mut self.services.objects {
-                    if !object.spec.service_ports.is_empty() && self.merges.holds(object) {
+                // The cache holds these objects' validated entries now: the stored
+                // copies go.
+                let merges = &self.merges;
+                let drop_entries = |object: &mut ServiceProxyPlan| {
+                    if !object.spec.service_ports.is_empty() && merges.holds(object) {
                         object.spec.service_ports = Vec::new();
                     }
+                };
+                if all {
+                    self.services.objects.iter_mut().for_each(drop_entries);
+                } else {
+                    for key in &changed {
+                        if let Some(&i) = self.services.index.get(key)
+                            && let Some(object) = self.services.objects.get_mut(i)
+                        {
+                            drop_entries(object);
+                        }
+                    }
                 }
+                self.merge_all = false;
                 for (key, err) in &self.undecodable {
                     merged.refused.push(PlanError::InvalidField {
                         object: format!("ServiceProxyPlan/{key}"),
@@ -342,10 +379,14 @@ impl PlanCache {
                 }
                 PlanOutcome::Merged(Arc::new(merged))
             }
-            Err(error) => PlanOutcome::Invalid {
-                revision: plan.spec.revision.clone(),
-                error,
-            },
+            Err(error) => {
+                // The changes were not taken in: look at everything next time.
+                self.merge_all = true;
+                PlanOutcome::Invalid {
+                    revision: plan.spec.revision.clone(),
+                    error,
+                }
+            }
         }
     }
 }

@@ -73,6 +73,9 @@ pub struct Metrics {
     pub service_ports: Gauge,
     /// `proxyplan_agent_endpoints`: endpoints programmed.
     pub endpoints: Gauge,
+    /// `proxyplan_agent_merge_duration_seconds`: validating and merging the plan with the
+    /// Service plans, before the dataplane runs.
+    pub merge_duration: Histogram,
 }
 
 impl Metrics {
@@ -94,6 +97,7 @@ impl Metrics {
             status_writes: Family::default(),
             service_ports: Gauge::default(),
             endpoints: Gauge::default(),
+            merge_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             registry: Registry::default(),
         };
         registry.register(
@@ -155,6 +159,11 @@ impl Metrics {
             "proxyplan_agent_endpoints",
             "Endpoints programmed",
             metrics.endpoints.clone(),
+        );
+        registry.register(
+            "proxyplan_agent_merge_duration_seconds",
+            "Time to validate and merge the node plan with the Service plans",
+            metrics.merge_duration.clone(),
         );
         Self {
             registry,

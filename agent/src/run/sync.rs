@@ -186,7 +186,11 @@ impl SyncLoop {
         self.schedule.started(Instant::now());
         let listed = self.cache.listed();
         if listed {
+            let started = std::time::Instant::now();
             self.outcome = self.cache.evaluate();
+            self.metrics
+                .merge_duration
+                .observe(started.elapsed().as_secs_f64());
             self.note_outcome();
         }
         let target = match &self.outcome {

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub write_errors: Family<WriteLabels, Counter>,
     /// Time to compute the changed objects of one sync.
     pub compute_seconds: Histogram,
+    /// Time to write one sync's objects (every request answered).
+    pub write_seconds: Histogram,
     /// Size of the largest object written, in bytes.
     pub largest_object_bytes: Gauge,
     /// 1 while this replica holds the Lease.
@@ -63,6 +65,7 @@ impl Metrics {
             writes: Family::default(),
             write_errors: Family::default(),
             compute_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             largest_object_bytes: Gauge::default(),
             is_leader: Gauge::default(),
             registry: Registry::default(),
@@ -75,22 +78,27 @@ impl Metrics {
         );
         registry.register(
             "objects_written",
-            "Plans and shards written",
+            "Node plans and Service plans written",
             metrics.writes.clone(),
         );
         registry.register(
             "write_errors",
-            "Failed writes of plans and shards",
+            "Failed writes of node plans and Service plans",
             metrics.write_errors.clone(),
         );
         registry.register(
             "compute_duration_seconds",
-            "Time to compute the changed plans and shards of one sync",
+            "Time to compute the changed plans of one sync",
             metrics.compute_seconds.clone(),
         );
         registry.register(
+            "write_duration_seconds",
+            "Time to write the objects of one sync",
+            metrics.write_seconds.clone(),
+        );
+        registry.register(
             "largest_object_bytes",
-            "Serialised size of the largest plan or shard written",
+            "Serialised size of the largest plan written",
             metrics.largest_object_bytes.clone(),
         );
         registry.register(

@@ -480,7 +480,9 @@ impl SyncLoop {
                 kind: kind.to_owned(),
             })
             .inc();
-        self.pending = true;
+        // Our own objects' events change nothing to plan (a divergence is a repair):
+        // only the cluster's objects make a sync pending.
+        self.pending |= matches!(input, Input::Service(_) | Input::Slice(_) | Input::Node(_));
         match input {
             Input::Service(event) => match relist(&mut self.relists.services, event) {
                 Relist::Event(Event::Apply(svc)) => self.apply_service(&svc),
@@ -705,7 +707,6 @@ impl SyncLoop {
         let started = std::time::Instant::now();
         self.pending = false;
         self.retry_at = None;
-        self.last_sync = Some(Instant::now());
         let repairs = std::mem::take(&mut self.repairs);
         for (kind, name) in &repairs {
             if let Some(id) = self.id_of(*kind, name) {
@@ -713,6 +714,15 @@ impl SyncLoop {
             }
         }
         let changes = self.planner.take_changes();
+        if changes.is_empty() && repairs.is_empty() && !self.full_reconcile {
+            // Nothing to write (a heartbeat, a label): not a sync the minimum interval
+            // must space the next one from.
+            debug!("sync: nothing changed");
+            return;
+        }
+        // The minimum interval spaces writes: a burst of changes costs one write each
+        // interval, a change after a quiet time is written at once.
+        self.last_sync = Some(Instant::now());
         for (key, warnings) in &changes.warnings {
             self.warn_truncated(key, warnings);
         }
@@ -735,10 +745,14 @@ impl SyncLoop {
             .compute_seconds
             .observe(started.elapsed().as_secs_f64());
         let was_full = std::mem::take(&mut self.full_reconcile);
+        let writing = std::time::Instant::now();
         let report = self
             .writer
             .write(apply, delete, &repairs, &self.fence)
             .await;
+        self.metrics
+            .write_seconds
+            .observe(writing.elapsed().as_secs_f64());
         for (op, list) in [("apply", &report.applied), ("delete", &report.deleted)] {
             for (kind, _) in list {
                 self.metrics

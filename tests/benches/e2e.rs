@@ -1,0 +1,654 @@
+//! End-to-end benchmark (issue: the controller hop): a real kube-apiserver v1.36.2 of its
+//! own, N Services × 10 endpoints written to it, the real controller, one agent in a
+//! network namespace; then endpoint changes one at a time. Prints one table.
+//!
+//! ```text
+//! cargo build --release --bins
+//! sudo cargo bench -p proxyplan-tests --bench e2e                      # 1,000 Services
+//! sudo BENCH_SERVICES=10000 cargo bench -p proxyplan-tests --bench e2e
+//! ```
+//!
+//! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_CHANGES` (30), `BENCH_NODES`
+//! (Node objects, the agent's included; default 1), `BENCH_MODE` (the agent's `--mode`,
+//! default `iptables`), `BENCH_IPTABLES_BACKEND` (`auto`), `BENCH_WATCHERS` (extra raw
+//! watchers of the Service plans, as other nodes' agents would open, to measure the API
+//! server's CPU per change; default 0). Without `--bench` (as `cargo test --benches` runs
+//! it) it does nothing.
+//!
+//! Per change it measures, on one clock: the EndpointSlice PATCH returned (t0); the
+//! Service plan event reaching a watcher with the agent's selector (the controller's
+//! part: its watch delivery, compute and write, and the delivery back); the agent's
+//! sync that programmed it finished (`kubeproxy_sync_proxy_rules_last_timestamp_seconds`).
+//! The bytes one agent receives per change are every watch event byte on the agent's
+//! two watches between t0 and that sync; kube-proxy receives the EndpointSlice event,
+//! measured on a third watch.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+#[path = "../tests/e2e/procs.rs"]
+#[allow(dead_code, reason = "shared with the e2e suite")]
+mod procs;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::{StreamExt, stream};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use proxyplan_tests::control_plane::ControlPlane;
+use proxyplan_tests::e2e::{forward, kubeconfig};
+use serde_json::json;
+
+use procs::{Bins, Spawned};
+
+const NS: &str = "bench";
+const NODE: &str = "bench-node-0";
+const AGENT_API: &str = "127.0.0.1:6443";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One event a raw watch received: when, its size, and the object's name.
+#[derive(Debug, Clone)]
+struct Received {
+    at: f64,
+    bytes: usize,
+    name: String,
+}
+
+type Log = Arc<Mutex<Vec<Received>>>;
+
+/// Watches `path` (with `query`) from now on, raw, recording every event line's size.
+async fn raw_watch(client: Client, path: String, query: String, log: Log) {
+    let list = format!("{path}?{query}&limit=1");
+    let rv = match client
+        .request_text(http::Request::get(&list).body(Vec::new()).unwrap())
+        .await
+    {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["metadata"]["resourceVersion"].as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let uri = format!("{path}?{query}&watch=true&resourceVersion={rv}&timeoutSeconds=3600");
+    let request = http::Request::get(&uri)
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let Ok(response) = client.send(request).await else {
+        return;
+    };
+    let mut body = response.into_body();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        pending.extend_from_slice(&data);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let name = serde_json::from_slice::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["object"]["metadata"]["name"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            log.lock().unwrap().push(Received {
+                at: unix(SystemTime::now()),
+                bytes: line.len(),
+                name,
+            });
+        }
+    }
+}
+
+/// Asks the agent for its metrics from inside its namespace (a thread that entered it).
+struct AgentMetrics {
+    requests: std::sync::mpsc::Sender<std::sync::mpsc::Sender<String>>,
+}
+
+impl AgentMetrics {
+    fn new(netns: &str, address: SocketAddr) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<String>>();
+        let path = format!("/run/netns/{netns}");
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("netns");
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            for reply in rx {
+                let text = fetch(address);
+                let _ = reply.send(text);
+            }
+        });
+        Self { requests: tx }
+    }
+
+    fn get(&self) -> String {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = self.requests.send(tx);
+        rx.recv().unwrap_or_default()
+    }
+
+    fn value(&self, series: &str) -> f64 {
+        metric(&self.get(), series)
+    }
+}
+
+fn fetch(address: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
+    else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of /proc/PID/stat (12 and 13 after the name).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn slice_of(service: usize, generation: usize) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = (0..10)
+        .map(|e| {
+            let n = service * 10 + e;
+            let last = if e == 0 {
+                generation % 200 + 1
+            } else {
+                n % 250 + 1
+            };
+            json!({"addresses": [format!("10.{}.{}.{}", 100 + n / 62_500, n / 250 % 250, last)],
+                   "conditions": {"ready": true, "serving": true, "terminating": false},
+                   "nodeName": NODE, "zone": "zone-a",
+                   "targetRef": {"kind": "Pod", "namespace": NS,
+                                 "name": format!("svc-{service:05}-pod-{e}")}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{service:05}-abcde"), "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": format!("svc-{service:05}"),
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+struct Row(String, String);
+
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("e2e bench: run with cargo bench (it needs root and a few minutes)");
+        return;
+    }
+    let services: usize = env_or("BENCH_SERVICES", 1_000);
+    let changes: usize = env_or("BENCH_CHANGES", 30);
+    let nodes: usize = env_or("BENCH_NODES", 1);
+    let mode: String = env_or("BENCH_MODE", "iptables".to_owned());
+    let backend: String = env_or("BENCH_IPTABLES_BACKEND", "auto".to_owned());
+    let watchers: usize = env_or("BENCH_WATCHERS", 0);
+    let bins = Bins::locate().expect("binaries: cargo build --release --bins");
+    println!(
+        "e2e bench: {services} Services x 10 endpoints, {nodes} node(s), agent --mode {mode}, \
+         binaries {}",
+        bins.controller.display()
+    );
+    let workdir = std::env::temp_dir().join(format!("proxyplan-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir).unwrap();
+    let plane = ControlPlane::start(&workdir.join("cp"), false).expect("control plane");
+    let apiserver_pid: u32 = std::fs::read_to_string(workdir.join("cp/kube-apiserver.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(0);
+    let client = proxyplan_crds::runtime::client(Some(&plane.kubeconfig()))
+        .await
+        .unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    for file in ["nodeproxyplans", "serviceproxyplans"] {
+        let path = repo.join(format!("charts/proxyplan/crds/{file}.proxyplan.dev.yaml"));
+        apply_crd_with_client(&client, &path).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let node_api: Api<Node> = Api::all(client.clone());
+    for n in 0..nodes {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": format!("bench-node-{n}"), "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "spec": {"podCIDRs": [format!("10.{}.{}.0/24", 200 + n / 250, n % 250)]}
+        }))
+        .unwrap();
+        node_api
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+
+    // The Services and their slices.
+    let started = Instant::now();
+    let service_api: Api<Service> = Api::namespaced(client.clone(), NS);
+    let slice_api: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    stream::iter(0..services)
+        .map(|i| {
+            let (service_api, slice_api) = (service_api.clone(), slice_api.clone());
+            async move {
+                let svc: Service = serde_json::from_value(json!({
+                    "metadata": {"name": format!("svc-{i:05}"), "namespace": NS},
+                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+                }))
+                .unwrap();
+                service_api
+                    .create(&PostParams::default(), &svc)
+                    .await
+                    .unwrap();
+                let slice: EndpointSlice = serde_json::from_value(slice_of(i, 0)).unwrap();
+                slice_api
+                    .create(&PostParams::default(), &slice)
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    println!(
+        "e2e bench: {services} Services and slices written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The watches: the agent's two (bytes it receives), kube-proxy's EndpointSlice one.
+    let plans_log: Log = Arc::default();
+    let node_log: Log = Arc::default();
+    let slices_log: Log = Arc::default();
+    let managed = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dproxyplan-controller";
+    tokio::spawn(raw_watch(
+        client.clone(),
+        "/apis/proxyplan.dev/v1alpha1/serviceproxyplans".into(),
+        managed.into(),
+        plans_log.clone(),
+    ));
+    tokio::spawn(raw_watch(
+        client.clone(),
+        "/apis/proxyplan.dev/v1alpha1/nodeproxyplans".into(),
+        format!("fieldSelector=metadata.name%3D{NODE}"),
+        node_log.clone(),
+    ));
+    tokio::spawn(raw_watch(client.clone(), "/apis/discovery.k8s.io/v1/endpointslices".into(), "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name".into(), slices_log.clone()));
+    for _ in 0..watchers {
+        tokio::spawn(raw_watch(
+            client.clone(),
+            "/apis/proxyplan.dev/v1alpha1/serviceproxyplans".into(),
+            managed.into(),
+            Arc::default(),
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The controller.
+    let started = Instant::now();
+    let mut command = Command::new(&bins.controller);
+    command
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(plane.kubeconfig())
+        .args(["--leader-election-namespace", NS, "--identity", "bench"])
+        .args([
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-bind-address",
+            "127.0.0.1:0",
+        ])
+        .args(["--cluster-cidr", "10.100.0.0/14", "--log", "warn"]);
+    let mut controller = Spawned::start(
+        "controller",
+        &mut command,
+        workdir.join("controller.log"),
+        false,
+    )
+    .unwrap();
+    loop {
+        let seen: std::collections::HashSet<String> = plans_log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        if seen.len() >= services {
+            break;
+        }
+        assert!(controller.exited().is_none(), "{}", controller.log_tail(20));
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the controller never wrote every Service plan"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let controller_wrote_all = started.elapsed();
+    let (total_bytes, largest) = {
+        let log = plans_log.lock().unwrap();
+        (
+            log.iter().map(|r| r.bytes).sum::<usize>(),
+            log.iter().map(|r| r.bytes).max().unwrap_or(0),
+        )
+    };
+    println!(
+        "e2e bench: the controller wrote every Service plan in {:.1} s",
+        controller_wrote_all.as_secs_f64()
+    );
+
+    // The agent, in its namespace.
+    let netns = format!("pp-bench-{}", std::process::id());
+    procs::run("ip", &["netns", "add", &netns]).unwrap();
+    procs::run(
+        "ip",
+        &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"],
+    )
+    .unwrap();
+    let local: SocketAddr = AGENT_API.parse().unwrap();
+    let original = kube::config::Kubeconfig::read_from(plane.kubeconfig()).unwrap();
+    let (config, api) = kubeconfig::for_agents(original, local).unwrap();
+    let agent_kubeconfig = workdir.join("agent-kubeconfig.json");
+    std::fs::write(&agent_kubeconfig, serde_json::to_string(&config).unwrap()).unwrap();
+    let socket = workdir.join("api.sock");
+    forward::unix_to_tcp(&socket, api.host.clone(), api.port).unwrap();
+    let mut forwarder =
+        procs::start_forwarder(&netns, local, &socket, workdir.join("forwarder.log"))
+            .await
+            .unwrap();
+    let metrics_address: SocketAddr = "127.0.0.1:10249".parse().unwrap();
+    let started = Instant::now();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &netns])
+        .arg(&bins.agent)
+        .args([
+            "run",
+            "--node",
+            NODE,
+            "--mode",
+            &mode,
+            "--iptables-backend",
+            &backend,
+        ])
+        .arg("--kubeconfig")
+        .arg(&agent_kubeconfig)
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+        ])
+        .args(["--log", "warn"]);
+    let mut agent =
+        Spawned::start("agent", &mut command, workdir.join("agent.log"), false).unwrap();
+    let metrics = AgentMetrics::new(&netns, metrics_address);
+    loop {
+        let text = metrics.get();
+        #[allow(clippy::cast_precision_loss)]
+        let ports = metric(&text, "proxyplan_agent_service_ports");
+        if ports >= services as f64
+            && metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0
+        {
+            break;
+        }
+        assert!(agent.exited().is_none(), "{}", agent.log_tail(20));
+        assert!(
+            started.elapsed() < Duration::from_secs(3600),
+            "the agent never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let agent_first_sync = started.elapsed();
+    println!(
+        "e2e bench: the agent's first sync done {:.1} s after its start",
+        agent_first_sync.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Endpoint changes, one at a time.
+    let mut total = Vec::new();
+    let mut controller_part = Vec::new();
+    let mut agent_part = Vec::new();
+    let mut bytes = Vec::new();
+    let mut slice_bytes = Vec::new();
+    let merge_before = metrics.value("proxyplan_agent_merge_duration_seconds_sum");
+    let sync_before = metrics.value("kubeproxy_sync_proxy_rules_duration_seconds_sum");
+    let cpu_before = cpu_seconds(apiserver_pid);
+    for k in 0..changes {
+        let service = (k * 7_919 + 13) % services;
+        let slice = slice_of(service, k + 1);
+        let last_sync = metrics.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds");
+        let (plans_mark, node_mark, slices_mark) = (
+            plans_log.lock().unwrap().len(),
+            node_log.lock().unwrap().len(),
+            slices_log.lock().unwrap().len(),
+        );
+        slice_api
+            .patch(
+                &format!("svc-{service:05}-abcde"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"endpoints": slice["endpoints"]})),
+            )
+            .await
+            .unwrap();
+        let t0 = unix(SystemTime::now());
+        let waited = Instant::now();
+        let synced = loop {
+            let at = metrics.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds");
+            let plan_seen = plans_log.lock().unwrap().len() > plans_mark;
+            if at > last_sync && plan_seen && at >= t0 {
+                break at;
+            }
+            assert!(
+                waited.elapsed() < Duration::from_secs(120),
+                "change {k} never programmed\n{}",
+                agent.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        let plan_at = plans_log.lock().unwrap()[plans_mark].at;
+        total.push((synced - t0) * 1e3);
+        controller_part.push((plan_at - t0) * 1e3);
+        agent_part.push((synced - plan_at) * 1e3);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let received: usize = plans_log.lock().unwrap()[plans_mark..]
+            .iter()
+            .map(|r| r.bytes)
+            .sum::<usize>()
+            + node_log.lock().unwrap()[node_mark..]
+                .iter()
+                .map(|r| r.bytes)
+                .sum::<usize>();
+        bytes.push(received as f64);
+        slice_bytes.push(
+            slices_log.lock().unwrap()[slices_mark..]
+                .iter()
+                .map(|r| r.bytes)
+                .sum::<usize>() as f64,
+        );
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    let cpu_after = cpu_seconds(apiserver_pid);
+    #[allow(clippy::cast_precision_loss)]
+    let per_change = |after: f64, before: f64| (after - before) / changes as f64 * 1e3;
+    let merge_ms = per_change(
+        metrics.value("proxyplan_agent_merge_duration_seconds_sum"),
+        merge_before,
+    );
+    let sync_ms = per_change(
+        metrics.value("kubeproxy_sync_proxy_rules_duration_seconds_sum"),
+        sync_before,
+    );
+    let apiserver_cpu_ms = per_change(cpu_after, cpu_before);
+    let controller_peak = peak_kib(controller.child.id());
+    let agent_peak = peak_kib(agent.child.id());
+
+    let ms = |v: &mut Vec<f64>| {
+        format!(
+            "{:.1} / {:.1} / {:.1} ms",
+            quantile(v, 0.5),
+            quantile(v, 0.9),
+            quantile(v, 1.0)
+        )
+    };
+    let rows = vec![
+        Row(
+            "Services x endpoints; nodes; agent mode".into(),
+            format!("{services} x 10; {nodes}; {mode} ({backend})"),
+        ),
+        Row(
+            "controller: every Service plan written, from its start".into(),
+            format!("{:.1} s", controller_wrote_all.as_secs_f64()),
+        ),
+        Row(
+            "agent: first sync done, from its start".into(),
+            format!("{:.1} s", agent_first_sync.as_secs_f64()),
+        ),
+        Row(
+            format!(
+                "change latency, PATCH returned -> kernel updated (median / p90 / max of {changes})"
+            ),
+            ms(&mut total),
+        ),
+        Row(
+            "  of which controller: delivery, compute, write, delivery back".into(),
+            ms(&mut controller_part),
+        ),
+        Row(
+            "  of which agent: delivery, merge, dataplane".into(),
+            ms(&mut agent_part),
+        ),
+        Row(
+            "  agent merge / dataplane sync (mean per change)".into(),
+            format!("{merge_ms:.2} / {sync_ms:.2} ms"),
+        ),
+        Row(
+            "bytes one agent receives per change (median / max)".into(),
+            format!(
+                "{:.0} / {:.0}",
+                quantile(&mut bytes, 0.5),
+                quantile(&mut bytes, 1.0)
+            ),
+        ),
+        Row(
+            "  the EndpointSlice event kube-proxy receives (median)".into(),
+            format!("{:.0}", quantile(&mut slice_bytes, 0.5)),
+        ),
+        Row(
+            "objects: Service plans; largest event; agent start-up list".into(),
+            format!(
+                "{services}; {:.1} KiB; {:.1} MiB",
+                largest as f64 / 1024.0,
+                total_bytes as f64 / 1048576.0
+            ),
+        ),
+        Row(
+            format!(
+                "API server CPU per change ({} Service plan watchers)",
+                watchers + 1
+            ),
+            format!("{apiserver_cpu_ms:.1} ms"),
+        ),
+        Row(
+            "peak memory: controller / agent (VmHWM)".into(),
+            format!(
+                "{:.0} / {:.0} MiB",
+                controller_peak as f64 / 1024.0,
+                agent_peak as f64 / 1024.0
+            ),
+        ),
+    ];
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    println!(
+        "\n| {:width$} | result |\n|{}|---|",
+        "",
+        "-".repeat(width + 2)
+    );
+    for Row(label, value) in rows {
+        println!("| {label:width$} | {value} |");
+    }
+    agent.stop().await;
+    controller.stop().await;
+    forwarder.stop().await;
+    let _ = procs::delete_netns(&netns);
+    drop(plane);
+    let _ = std::fs::remove_dir_all(&workdir);
+}
+
+async fn apply_crd_with_client(client: &Client, path: &std::path::Path) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let text = std::fs::read_to_string(path).unwrap();
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+    let name = kube::ResourceExt::name_any(&crd);
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+}
