@@ -6,4 +6,5 @@
 pub mod dataplane;
 pub mod iptables;
 pub mod ipvs;
+pub mod kernel;
 pub mod run;

@@ -24,9 +24,11 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::Family;
 use super::conntrack::{Flow, StaleFlows};
-use crate::ipvs::netlink::NetlinkSocket;
-use crate::ipvs::nla::{self, NetlinkFormatError, NetlinkHeader, attributes};
-use crate::ipvs::{NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use crate::kernel::netlink::frame::{
+    self, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkFormatError, NetlinkHeader,
+    attributes,
+};
+use crate::kernel::netlink::socket::NetlinkSocket;
 
 /// `NFNL_SUBSYS_CTNETLINK`: the high byte of every conntrack message type.
 pub const NFNL_SUBSYS_CTNETLINK: u8 = 1;
@@ -80,7 +82,7 @@ fn family_byte(family: Family) -> u8 {
 }
 
 fn start(command: u8, flags: u16, family: u8) -> Vec<u8> {
-    let mut buf = nla::start_message(&NetlinkHeader {
+    let mut buf = frame::start_message(&NetlinkHeader {
         message_type: (u16::from(NFNL_SUBSYS_CTNETLINK) << 8) | u16::from(command),
         flags,
         seq: 0,
@@ -93,7 +95,7 @@ fn start(command: u8, flags: u16, family: u8) -> Vec<u8> {
 /// The dump request for every entry of `family`.
 #[must_use]
 pub fn list_request(family: Family) -> Vec<u8> {
-    nla::finish_message(start(
+    frame::finish_message(start(
         IPCTNL_MSG_CT_GET,
         NLM_F_REQUEST | NLM_F_DUMP,
         family_byte(family),
@@ -101,23 +103,23 @@ pub fn list_request(family: Family) -> Vec<u8> {
 }
 
 fn put_tuple(buf: &mut Vec<u8>, kind: u16, tuple: &Tuple) {
-    nla::put_nest(buf, kind | NLA_F_NESTED, |buf| {
-        nla::put_nest(buf, CTA_TUPLE_IP | NLA_F_NESTED, |buf| {
+    frame::put_nest(buf, kind | NLA_F_NESTED, |buf| {
+        frame::put_nest(buf, CTA_TUPLE_IP | NLA_F_NESTED, |buf| {
             match (tuple.src, tuple.dst) {
                 (IpAddr::V4(src), IpAddr::V4(dst)) => {
-                    nla::put_attr(buf, CTA_IP_V4_SRC, &src.octets());
-                    nla::put_attr(buf, CTA_IP_V4_DST, &dst.octets());
+                    frame::put_attr(buf, CTA_IP_V4_SRC, &src.octets());
+                    frame::put_attr(buf, CTA_IP_V4_DST, &dst.octets());
                 }
                 (src, dst) => {
-                    nla::put_attr(buf, CTA_IP_V6_SRC, &v6_octets(src));
-                    nla::put_attr(buf, CTA_IP_V6_DST, &v6_octets(dst));
+                    frame::put_attr(buf, CTA_IP_V6_SRC, &v6_octets(src));
+                    frame::put_attr(buf, CTA_IP_V6_DST, &v6_octets(dst));
                 }
             }
         });
-        nla::put_nest(buf, CTA_TUPLE_PROTO | NLA_F_NESTED, |buf| {
-            nla::put_u8(buf, CTA_PROTO_NUM, tuple.protocol);
-            nla::put_attr(buf, CTA_PROTO_SRC_PORT, &tuple.sport.to_be_bytes());
-            nla::put_attr(buf, CTA_PROTO_DST_PORT, &tuple.dport.to_be_bytes());
+        frame::put_nest(buf, CTA_TUPLE_PROTO | NLA_F_NESTED, |buf| {
+            frame::put_u8(buf, CTA_PROTO_NUM, tuple.protocol);
+            frame::put_attr(buf, CTA_PROTO_SRC_PORT, &tuple.sport.to_be_bytes());
+            frame::put_attr(buf, CTA_PROTO_DST_PORT, &tuple.dport.to_be_bytes());
         });
     });
 }
@@ -139,7 +141,7 @@ pub fn delete_request(orig: &Tuple) -> Vec<u8> {
     };
     let mut buf = start(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, family);
     put_tuple(&mut buf, CTA_TUPLE_ORIG, orig);
-    nla::finish_message(buf)
+    frame::finish_message(buf)
 }
 
 fn decode_tuple(value: &[u8]) -> Result<Option<Tuple>, NetlinkFormatError> {
@@ -192,10 +194,10 @@ fn decode_tuple(value: &[u8]) -> Result<Option<Tuple>, NetlinkFormatError> {
 pub fn decode_entry(message: &[u8]) -> Result<(Option<Tuple>, Option<Tuple>), NetlinkFormatError> {
     let body =
         message
-            .get(nla::NLMSG_HDRLEN + NFGENMSG_LEN..)
+            .get(frame::NLMSG_HDRLEN + NFGENMSG_LEN..)
             .ok_or(NetlinkFormatError::Truncated {
                 what: "nlmsghdr + nfgenmsg",
-                needed: nla::NLMSG_HDRLEN + NFGENMSG_LEN,
+                needed: frame::NLMSG_HDRLEN + NFGENMSG_LEN,
                 available: message.len(),
             })?;
     let (mut orig, mut reply) = (None, None);
@@ -216,7 +218,7 @@ pub fn decode_entry(message: &[u8]) -> Result<(Option<Tuple>, Option<Tuple>), Ne
 /// A malformed message.
 pub fn decode_udp_flows(listing: &[u8]) -> Result<Vec<Flow>, NetlinkFormatError> {
     let mut flows = Vec::new();
-    for message in nla::messages(listing) {
+    for message in frame::messages(listing) {
         let message = message?;
         let (Some(orig), Some(reply)) = decode_entry(message.bytes)? else {
             continue;
@@ -418,9 +420,9 @@ mod tests {
             let mut buf = start(IPCTNL_MSG_CT_GET, 0x2, AF_INET);
             put_tuple(&mut buf, CTA_TUPLE_ORIG, &orig);
             put_tuple(&mut buf, CTA_TUPLE_REPLY, &reply);
-            nla::put_attr(&mut buf, 3, &0x188u32.to_be_bytes()); // CTA_STATUS
-            nla::put_attr(&mut buf, 7, &30u32.to_be_bytes()); // CTA_TIMEOUT
-            nla::finish_message(buf)
+            frame::put_attr(&mut buf, 3, &0x188u32.to_be_bytes()); // CTA_STATUS
+            frame::put_attr(&mut buf, 7, &30u32.to_be_bytes()); // CTA_TIMEOUT
+            frame::finish_message(buf)
         };
         let mut listing = entry(IPPROTO_UDP, 40000);
         listing.extend(entry(6, 40001));

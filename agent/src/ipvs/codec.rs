@@ -10,16 +10,17 @@
 //!
 //! Attribute lengths exclude the padding; the next attribute starts at the 4-aligned
 //! offset. Unknown attributes are skipped, never an error. The framing (headers, the
-//! walk over messages and attributes, their length checks) is [`super::nla`]'s.
+//! walk over messages and attributes, their length checks) is [`crate::kernel::netlink::frame`]'s.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-pub use super::nla::NetlinkHeader;
-use super::nla::{
-    Attribute, NLA_HDRLEN, NLMSG_HDRLEN, NetlinkFormatError, align4, put_attr, put_be16, put_nest,
+use super::*;
+pub use crate::kernel::netlink::frame::NetlinkHeader;
+use crate::kernel::netlink::frame::{
+    self, Attribute, NLA_F_NESTED, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE,
+    NLMSG_ERROR, NLMSG_HDRLEN, NetlinkFormatError, align4, put_attr, put_be16, put_nest,
     put_string, put_u8, put_u16, put_u32, put_u64,
 };
-use super::*;
 
 const GENL_HDRLEN: usize = 4;
 
@@ -267,9 +268,9 @@ fn encode_body(body: &NetlinkBody, buf: &mut Vec<u8>) {
 
 /// Encodes one complete netlink message (header length computed).
 pub fn encode_message(msg: &NetlinkMessage) -> Vec<u8> {
-    let mut buf = nla::start_message(&msg.header);
+    let mut buf = frame::start_message(&msg.header);
     encode_body(&msg.body, &mut buf);
-    nla::finish_message(buf)
+    frame::finish_message(buf)
 }
 
 /// Encodes several messages back to back, each starting 4-aligned (as in a dump).
@@ -410,7 +411,7 @@ pub fn list_destinations(family_id: u16, seq: u32, svc: &IpvsService) -> Vec<u8>
 
 /// Every attribute of `buf`, or the first framing error among them.
 fn parse_attrs(buf: &[u8]) -> Result<Vec<Attribute<'_>>> {
-    Ok(nla::attributes(buf).collect::<std::result::Result<_, _>>()?)
+    Ok(frame::attributes(buf).collect::<std::result::Result<_, _>>()?)
 }
 
 /// A `*_STATS` counter (u32, or u64 for the byte counters) or a `*_STATS64` one (u64).
@@ -655,7 +656,7 @@ fn decode_control(payload: &[u8]) -> Result<NetlinkBody> {
 
 fn decode_body(message_type: u16, payload: &[u8], ipvs_family_id: u16) -> Result<NetlinkBody> {
     let word = |what| {
-        nla::read_u32(payload, 0)
+        frame::read_u32(payload, 0)
             .map(|w| w as i32)
             .ok_or(NetlinkFormatError::Truncated {
                 what,
@@ -680,9 +681,9 @@ fn decode_body(message_type: u16, payload: &[u8], ipvs_family_id: u16) -> Result
 /// Decodes every message in `buf` (one `recv` may carry several, as in a dump).
 /// `ipvs_family_id` is the id resolved with [`get_family`]; messages of other types
 /// come back as [`NetlinkBody::Other`]. Fewer bytes left than an `nlmsghdr` are a
-/// truncated header here, not (as [`nla::messages`] says) a bad length.
+/// truncated header here, not (as [`frame::messages`] says) a bad length.
 pub fn decode(buf: &[u8], ipvs_family_id: u16) -> Result<Vec<NetlinkMessage>> {
-    nla::messages(buf)
+    frame::messages(buf)
         .map(|message| {
             let message = message.map_err(short_header_is_truncated)?;
             let body = decode_body(
@@ -731,6 +732,7 @@ pub fn family_id_from_reply(buf: &[u8]) -> Result<std::result::Result<u16, i32>>
 #[cfg(all(test, target_endian = "little"))]
 mod tests {
     use super::*;
+    use crate::kernel::netlink::frame::NLM_F_MULTI;
 
     /// The IPVS family id used in the vectors (assigned at module load; 0x23 here).
     const FAM: u16 = 0x23;

@@ -54,22 +54,15 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use nix::errno::Errno;
 
 use super::ipset::{IpSet, SetEntry, SetSpec, SetType, Sets, is_owned};
-use super::netlink::NetlinkSocket;
 // The tests pad listings with `align4`.
 #[cfg(test)]
-use super::nla::align4;
-use super::nla::{
-    self, Attribute, NLMSG_HDRLEN, NetlinkFormatError, NetlinkHeader, attributes, put_attr,
-    put_nest, put_net16, put_net32, put_string, put_u8,
+use crate::kernel::netlink::frame::align4;
+use crate::kernel::netlink::frame::{
+    self, Attribute, NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+    NLM_F_EXCL, NLM_F_REQUEST, NLMSG_HDRLEN, NetlinkFormatError, NetlinkHeader, attributes,
+    put_attr, put_nest, put_net16, put_net32, put_string, put_u8,
 };
-use super::{NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-
-// ---- netlink.h -------------------------------------------------------------------------
-
-/// `NLM_F_EXCL`: fail if the object exists; for ipset, leave `IPSET_FLAG_EXIST` unset.
-pub const NLM_F_EXCL: u16 = 0x200;
-/// `NLM_F_CREATE`: create the object if it does not exist.
-pub const NLM_F_CREATE: u16 = 0x400;
+use crate::kernel::netlink::socket::NetlinkSocket;
 
 // ---- nfnetlink.h, netfilter.h ----------------------------------------------------------
 
@@ -647,9 +640,9 @@ fn put_header_data(buf: &mut Vec<u8>, data: &SetHeaderData) {
 }
 
 /// `nlmsghdr` and `nfgenmsg` of a message of `command`, its length filled in by
-/// [`nla::finish_message`], followed by `IPSET_ATTR_PROTOCOL`.
+/// [`frame::finish_message`], followed by `IPSET_ATTR_PROTOCOL`.
 fn start(command: u8, flags: u16, seq: u32, port_id: u32, protocol: u8) -> Vec<u8> {
-    let mut buf = nla::start_message(&NetlinkHeader {
+    let mut buf = frame::start_message(&NetlinkHeader {
         message_type: message_type(command),
         flags,
         seq,
@@ -732,7 +725,7 @@ pub fn encode_op(op: &SetOp<'_>, seq: u32) -> Result<Vec<u8>> {
             buf
         }
     };
-    Ok(nla::finish_message(buf))
+    Ok(frame::finish_message(buf))
 }
 
 /// `IPSET_CMD_LIST` dump of every set's name (`IPSET_FLAG_LIST_SETNAME`).
@@ -746,7 +739,7 @@ pub fn list_names_request(seq: u32) -> Vec<u8> {
         IPSET_PROTOCOL,
     );
     put_net32(&mut buf, IPSET_ATTR_FLAGS, IPSET_FLAG_LIST_SETNAME);
-    nla::finish_message(buf)
+    frame::finish_message(buf)
 }
 
 /// `IPSET_CMD_LIST` dump of the set `name`: its header and every entry.
@@ -763,7 +756,7 @@ pub fn list_set_request(name: &str, seq: u32) -> Result<Vec<u8>> {
         IPSET_PROTOCOL,
     );
     put_string(&mut buf, IPSET_ATTR_SETNAME, name);
-    Ok(nla::finish_message(buf))
+    Ok(frame::finish_message(buf))
 }
 
 /// Encodes a listing message as the kernel does (attribute order, unflagged addresses):
@@ -794,7 +787,7 @@ pub fn encode_list_message(msg: &ListMessage) -> Vec<u8> {
             }
         });
     }
-    nla::finish_message(buf)
+    frame::finish_message(buf)
 }
 
 // ---- decoding --------------------------------------------------------------------------
@@ -869,7 +862,7 @@ fn split_message(bytes: &[u8]) -> Result<Raw<'_>> {
         }
         .into());
     }
-    let message = nla::message_at(bytes, 0)?;
+    let message = frame::message_at(bytes, 0)?;
     let Some(attributes) = message.bytes.get(HEADERS..) else {
         return Err(NetlinkFormatError::BadLength {
             offset: 0,
@@ -961,7 +954,7 @@ pub fn decode_list(buf: &[u8]) -> Result<Vec<ListMessage>> {
 /// The messages of `buf`, each from its `nlmsghdr` to its length; a bad length is an
 /// error (unlike [`super::netlink::messages`], which stops there).
 fn each_message(buf: &[u8]) -> Result<Vec<&[u8]>> {
-    nla::messages(buf)
+    frame::messages(buf)
         .map(|message| Ok(message?.bytes))
         .collect()
 }
@@ -1165,7 +1158,7 @@ mod tests {
 
     use std::collections::BTreeSet;
 
-    use crate::ipvs::NLM_F_MULTI;
+    use crate::kernel::netlink::frame::NLM_F_MULTI;
 
     const TCP: u8 = 6;
     const UDP: u8 = 17;

@@ -19,9 +19,9 @@ use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use super::codec::{self, NetlinkBody};
 use super::ipset::Sets;
 use super::ipset_netlink::{IpsetNetlink, SetOp};
-use super::netlink::NetlinkSocket;
 use super::{IPVS_GENL_NAME, IpvsDestination, IpvsService};
 use crate::dataplane::DataplaneError;
+use crate::kernel::netlink::socket::{self, NetlinkSocket};
 
 /// One IPVS change, borrowing the service and destination it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,7 +330,7 @@ impl NetlinkKernel {
             Ok(Err(errno)) => {
                 return Err(io_error(
                     "resolving the IPVS generic netlink family",
-                    super::netlink::errno_error(errno),
+                    socket::errno_error(errno),
                 ));
             }
             Err(e) => {
@@ -416,7 +416,7 @@ fn route_message(message: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
 }
 
 fn parse_route(bytes: &[u8]) -> Vec<RouteNetlinkMessage> {
-    super::netlink::messages(bytes)
+    socket::messages(bytes)
         .filter_map(|m| NetlinkMessage::<RouteNetlinkMessage>::deserialize(m.bytes).ok())
         .filter_map(|m| match m.payload {
             NetlinkPayload::InnerMessage(inner) => Some(inner),
@@ -536,7 +536,7 @@ impl IpvsKernel for NetlinkKernel {
             Some(&e) => {
                 return Err(io_error(
                     format!("creating dummy interface {name} (is the dummy module available?)"),
-                    super::netlink::errno_error(e),
+                    socket::errno_error(e),
                 ));
             }
             None => {}
@@ -564,7 +564,7 @@ impl IpvsKernel for NetlinkKernel {
             Some(0) | Some(-19) | None => Ok(()),
             Some(&e) => Err(io_error(
                 format!("deleting interface {index}"),
-                super::netlink::errno_error(e),
+                socket::errno_error(e),
             )),
         }
     }

@@ -3,8 +3,7 @@
 //! IPVS has no rtnetlink interface; it is the generic-netlink family `"IPVS"` whose id is
 //! assigned at module load and resolved with `CTRL_CMD_GETFAMILY`. This module is pure:
 //! [`codec`] turns requests into bytes and kernel replies into typed values, on the
-//! netlink framing it shares with [`ipset_netlink`] ([`nla`]); the socket lives at the
-//! edge.
+//! netlink framing of [`crate::kernel::netlink`]; the socket lives at the edge.
 //!
 //! Every constant below is named after its definition in the Linux uapi headers
 //! (`include/uapi/linux/ip_vs.h`, `netlink.h`, `genetlink.h`).
@@ -15,8 +14,6 @@ pub mod desired;
 pub mod ipset;
 pub mod ipset_netlink;
 pub mod kernel;
-pub mod netlink;
-pub mod nla;
 pub mod render;
 
 use std::net::IpAddr;
@@ -25,31 +22,6 @@ pub use codec::{
     ControlMessage, IpvsCodecError, NetlinkBody, NetlinkHeader, NetlinkMessage, decode, encode,
     encode_message,
 };
-
-// ---- netlink.h -------------------------------------------------------------------------
-
-/// `NLMSG_NOOP`: nothing.
-pub const NLMSG_NOOP: u16 = 1;
-/// `NLMSG_ERROR`: error (or ack when the errno is 0).
-pub const NLMSG_ERROR: u16 = 2;
-/// `NLMSG_DONE`: end of a multipart (dump) reply.
-pub const NLMSG_DONE: u16 = 3;
-/// `NLMSG_OVERRUN`: data lost.
-pub const NLMSG_OVERRUN: u16 = 4;
-/// `NLM_F_REQUEST`: it is a request message.
-pub const NLM_F_REQUEST: u16 = 0x1;
-/// `NLM_F_MULTI`: multipart message, terminated by `NLMSG_DONE`.
-pub const NLM_F_MULTI: u16 = 0x2;
-/// `NLM_F_ACK`: reply with an ack (an `NLMSG_ERROR` carrying 0) on success.
-pub const NLM_F_ACK: u16 = 0x4;
-/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`): return every entry.
-pub const NLM_F_DUMP: u16 = 0x300;
-/// `NLA_F_NESTED`: the attribute's payload is itself a list of attributes.
-pub const NLA_F_NESTED: u16 = 0x8000;
-/// `NLA_F_NET_BYTEORDER`: the payload is in network byte order.
-pub const NLA_F_NET_BYTEORDER: u16 = 0x4000;
-/// `NLA_TYPE_MASK`: the attribute type without the two flag bits.
-pub const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 
 // ---- genetlink.h -----------------------------------------------------------------------
 

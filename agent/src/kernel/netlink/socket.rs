@@ -1,5 +1,5 @@
-//! The ipvs mode's netlink edge: one blocking socket type used for generic netlink (IPVS)
-//! and rtnetlink (the dummy interface and its addresses).
+//! One blocking netlink socket type, used for generic netlink (IPVS) and nfnetlink
+//! (ipset, conntrack).
 //!
 //! Requests are sent in batches: many messages back to back in one `send`, each asking
 //! for an ack, so 100,000 IPVS operations cost a few hundred system calls, not 200,000.
@@ -10,8 +10,7 @@ use std::io;
 
 use netlink_sys::Socket;
 
-use super::nla::{self, align4};
-use super::{NLM_F_ACK, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR};
+use super::frame::{self, NLM_F_ACK, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, align4};
 
 /// Bytes of requests per `send`; the kernel refuses a datagram larger than its send
 /// buffer (about 200 KiB by default).
@@ -46,10 +45,10 @@ impl RawMessage<'_> {
     }
 }
 
-/// Splits a datagram into its netlink messages ([`nla::messages`]). A malformed length
+/// Splits a datagram into its netlink messages ([`frame::messages`]). A malformed length
 /// ends the walk.
 pub fn messages(buf: &[u8]) -> impl Iterator<Item = RawMessage<'_>> {
-    nla::messages(buf)
+    frame::messages(buf)
         .map_while(Result::ok)
         .map(|message| RawMessage {
             message_type: message.header.message_type,

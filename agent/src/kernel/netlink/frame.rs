@@ -1,7 +1,7 @@
-//! Netlink framing shared by the IPVS codec ([`super::codec`], generic netlink) and the
-//! ipset codec ([`super::ipset_netlink`], nfnetlink): the `nlmsghdr` that starts every
-//! message, the walk over the messages of a buffer, and the `nlattr`s that follow the
-//! family's own header. Names follow `include/uapi/linux/netlink.h`.
+//! Netlink framing shared by our codecs (IPVS over generic netlink, ipset and conntrack
+//! over nfnetlink): the `nlmsghdr` that starts every message, the walk over the messages
+//! of a buffer, and the `nlattr`s that follow the family's own header. Names follow
+//! `include/uapi/linux/netlink.h`.
 //!
 //! ```text
 //! nlmsghdr  u32 len | u16 type | u16 flags | u32 seq | u32 pid             (16 bytes)
@@ -14,7 +14,34 @@
 //! checks its lengths and answers [`NetlinkFormatError`], which each codec's error wraps;
 //! which attributes a message needs and what their values mean is the codecs' business.
 
-use super::{NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLA_TYPE_MASK};
+// ---- netlink.h -------------------------------------------------------------------------
+
+/// `NLMSG_NOOP`: nothing.
+pub const NLMSG_NOOP: u16 = 1;
+/// `NLMSG_ERROR`: error (or ack when the errno is 0).
+pub const NLMSG_ERROR: u16 = 2;
+/// `NLMSG_DONE`: end of a multipart (dump) reply.
+pub const NLMSG_DONE: u16 = 3;
+/// `NLMSG_OVERRUN`: data lost.
+pub const NLMSG_OVERRUN: u16 = 4;
+/// `NLM_F_REQUEST`: it is a request message.
+pub const NLM_F_REQUEST: u16 = 0x1;
+/// `NLM_F_MULTI`: multipart message, terminated by `NLMSG_DONE`.
+pub const NLM_F_MULTI: u16 = 0x2;
+/// `NLM_F_ACK`: reply with an ack (an `NLMSG_ERROR` carrying 0) on success.
+pub const NLM_F_ACK: u16 = 0x4;
+/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`): return every entry.
+pub const NLM_F_DUMP: u16 = 0x300;
+/// `NLA_F_NESTED`: the attribute's payload is itself a list of attributes.
+pub const NLA_F_NESTED: u16 = 0x8000;
+/// `NLA_F_NET_BYTEORDER`: the payload is in network byte order.
+pub const NLA_F_NET_BYTEORDER: u16 = 0x4000;
+/// `NLA_TYPE_MASK`: the attribute type without the two flag bits.
+pub const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
+/// `NLM_F_EXCL`: fail if the object exists; for ipset, leave `IPSET_FLAG_EXIST` unset.
+pub const NLM_F_EXCL: u16 = 0x200;
+/// `NLM_F_CREATE`: create the object if it does not exist.
+pub const NLM_F_CREATE: u16 = 0x400;
 
 /// `NLMSG_HDRLEN`: the aligned size of `struct nlmsghdr`.
 pub const NLMSG_HDRLEN: usize = 16;
@@ -28,7 +55,7 @@ pub const fn align4(n: usize) -> usize {
 }
 
 /// Why bytes are not well-formed netlink: a header, message or attribute that does not
-/// fit. [`super::IpvsCodecError`] and [`super::ipset_netlink::IpsetCodecError`] wrap it.
+/// fit. Each codec's error (IPVS, ipset) wraps it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NetlinkFormatError {
     /// Fewer bytes than a fixed-size header needs.

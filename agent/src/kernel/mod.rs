@@ -1,0 +1,8 @@
+//! Every conversation with the kernel, and nothing else: the netlink framing and socket,
+//! the IPVS, ipset and conntrack codecs, links and addresses, sysctls, and the runner of
+//! `iptables-save` / `iptables-restore` and the other tools, each with its fake beside it.
+//!
+//! Nothing here knows a plan, a proxy mode or a rule: the modes and what they share sit
+//! above and import from here, never the other way round (`tests/layout.rs` checks it).
+
+pub mod netlink;
