@@ -222,7 +222,7 @@ impl CommandRunner {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.is_none() {
             let socket = match &self.netns {
-                Some(name) => crate::ipvs::kernel::in_namespace(
+                Some(name) => crate::kernel::namespace::in_namespace(
                     &std::path::Path::new("/run/netns").join(name),
                     ConntrackNetlink::open,
                 ),

@@ -17,17 +17,9 @@ pub mod trace;
 
 use std::collections::BTreeMap;
 
+pub use crate::kernel::family::Family;
 pub use kernel::{Backend, BackendChoice, CommandOutput, CommandRunner, IptablesDataplane, Runner};
 pub use render::{RenderSettings, render};
-
-/// An IP family's tool: `iptables` or `ip6tables`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    /// IPv4, `iptables`.
-    V4,
-    /// IPv6, `ip6tables`.
-    V6,
-}
 
 /// The tables the agent writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -21,6 +21,7 @@ use super::ipset::Sets;
 use super::ipset_netlink::{IpsetNetlink, SetOp};
 use super::{IPVS_GENL_NAME, IpvsDestination, IpvsService};
 use crate::dataplane::DataplaneError;
+use crate::kernel::namespace::in_namespace;
 use crate::kernel::netlink::socket::{self, NetlinkSocket};
 
 /// One IPVS change, borrowing the service and destination it names.
@@ -260,25 +261,6 @@ pub struct NetlinkKernel {
     route: Option<NetlinkSocket>,
     ipset: Option<IpsetNetlink>,
     netns: Option<std::path::PathBuf>,
-}
-
-/// Runs `work` on a thread that has entered the network namespace at `path`; the caller's
-/// namespace is untouched. A socket opened there stays in that namespace.
-pub(crate) fn in_namespace<T: Send>(
-    path: &std::path::Path,
-    work: impl FnOnce() -> io::Result<T> + Send,
-) -> io::Result<T> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let file = std::fs::File::open(path)?;
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(io::Error::from)?;
-                work()
-            })
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
-    })
 }
 
 impl NetlinkKernel {

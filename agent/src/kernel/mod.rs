@@ -5,4 +5,7 @@
 //! Nothing here knows a plan, a proxy mode or a rule: the modes and what they share sit
 //! above and import from here, never the other way round (`tests/layout.rs` checks it).
 
+pub mod error;
+pub mod family;
+pub mod namespace;
 pub mod netlink;
