@@ -26,13 +26,15 @@ use super::ipset::{SetChange, SetChanges, Sets};
 use super::ipset_netlink::{self, SetOp};
 use super::kernel::{IpvsKernel, IpvsOp};
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
-use super::{IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
 use crate::iptables::conntrack::{EntryChange, UdpTracker};
 use crate::iptables::kernel::Tool;
 use crate::iptables::{
     Backend, BackendChoice, Family, FamilyRules, Ruleset, Runner, TableName, names,
+};
+use crate::kernel::ipvs::{
+    IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService, socket_text,
 };
 
 /// Operations sent to the kernel per netlink round (bounds memory at first apply).
@@ -1063,7 +1065,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                     + d.counters.inactive_connections.unwrap_or(0);
                 if d.weight == 0 && (connections == 0 || now >= *deadline) {
                     if connections > 0 {
-                        warn!(service = %key, real_server = %super::socket_text(rs.0, rs.1), connections,
+                        warn!(service = %key, real_server = %socket_text(rs.0, rs.1), connections,
                             "grace period over: deleting a real server that still has connections");
                     }
                     done.push(rs);

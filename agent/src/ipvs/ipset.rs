@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::ipset_netlink::SetOp;
-use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Name prefix of the agent's IPv4 (and bitmap) sets.
 pub const PREFIX_V4: &str = "PROXYPLAN-";

@@ -16,11 +16,13 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 
-use super::codec::{self, NetlinkBody};
 use super::ipset::Sets;
 use super::ipset_netlink::{IpsetNetlink, SetOp};
-use super::{IPVS_GENL_NAME, IpvsDestination, IpvsService};
 use crate::dataplane::DataplaneError;
+use crate::kernel::ipvs::{
+    IPVS_GENL_NAME, IpvsDestination, IpvsService, NetlinkBody, describe_service, socket_text,
+};
+use crate::kernel::ipvs::{decode, encode};
 use crate::kernel::namespace::in_namespace;
 use crate::kernel::netlink::socket::{self, NetlinkSocket};
 
@@ -46,12 +48,12 @@ impl IpvsOp<'_> {
     #[must_use]
     pub fn encode(&self, family_id: u16) -> Vec<u8> {
         match *self {
-            Self::AddService(s) => codec::add_service(family_id, 0, s),
-            Self::UpdateService(s) => codec::update_service(family_id, 0, s),
-            Self::DeleteService(s) => codec::delete_service(family_id, 0, s),
-            Self::AddDestination(s, d) => codec::add_destination(family_id, 0, s, d),
-            Self::UpdateDestination(s, d) => codec::update_destination(family_id, 0, s, d),
-            Self::DeleteDestination(s, d) => codec::delete_destination(family_id, 0, s, d),
+            Self::AddService(s) => encode::add_service(family_id, 0, s),
+            Self::UpdateService(s) => encode::update_service(family_id, 0, s),
+            Self::DeleteService(s) => encode::delete_service(family_id, 0, s),
+            Self::AddDestination(s, d) => encode::add_destination(family_id, 0, s, d),
+            Self::UpdateDestination(s, d) => encode::update_destination(family_id, 0, s, d),
+            Self::DeleteDestination(s, d) => encode::delete_destination(family_id, 0, s, d),
         }
     }
 }
@@ -66,14 +68,9 @@ impl std::fmt::Display for IpvsOp<'_> {
             Self::UpdateDestination(s, d) => ("update real server", s, Some(d)),
             Self::DeleteDestination(s, d) => ("delete real server", s, Some(d)),
         };
-        write!(f, "{verb} {}", super::describe_service(svc))?;
+        write!(f, "{verb} {}", describe_service(svc))?;
         if let Some(d) = dest {
-            write!(
-                f,
-                " -> {} weight {}",
-                super::socket_text(d.addr, d.port),
-                d.weight
-            )?;
+            write!(f, " -> {} weight {}", socket_text(d.addr, d.port), d.weight)?;
         }
         Ok(())
     }
@@ -297,7 +294,7 @@ impl NetlinkKernel {
 
     fn resolve(&mut self, mut socket: NetlinkSocket) -> Result<(), DataplaneError> {
         let reply = socket
-            .request(codec::get_family(0, IPVS_GENL_NAME))
+            .request(encode::get_family(0, IPVS_GENL_NAME))
             .map_err(|e| {
                 let context = if e.raw_os_error() == Some(2) {
                     "IPVS is not available in this kernel: load the ip_vs module \
@@ -307,7 +304,7 @@ impl NetlinkKernel {
                 };
                 io_error(context, e)
             })?;
-        let id = match codec::family_id_from_reply(&reply) {
+        let id = match decode::family_id_from_reply(&reply) {
             Ok(Ok(id)) => id,
             Ok(Err(errno)) => {
                 return Err(io_error(
@@ -377,8 +374,8 @@ impl NetlinkKernel {
     fn decode_ipvs(
         bytes: &[u8],
         family_id: u16,
-    ) -> Result<Vec<codec::NetlinkMessage>, DataplaneError> {
-        codec::decode(bytes, family_id).map_err(|e| {
+    ) -> Result<Vec<crate::kernel::ipvs::NetlinkMessage>, DataplaneError> {
+        decode::decode(bytes, family_id).map_err(|e| {
             io_error(
                 "decoding an IPVS reply",
                 io::Error::new(io::ErrorKind::InvalidData, e),
@@ -431,7 +428,7 @@ impl IpvsKernel for NetlinkKernel {
     fn services(&mut self) -> Result<Vec<IpvsService>, DataplaneError> {
         let (socket, id) = self.ipvs()?;
         let bytes = socket
-            .dump(codec::list_services(id, 0))
+            .dump(encode::list_services(id, 0))
             .map_err(|e| io_error("listing IPVS services", e))?;
         Ok(Self::decode_ipvs(&bytes, id)?
             .into_iter()
@@ -448,13 +445,10 @@ impl IpvsKernel for NetlinkKernel {
     ) -> Result<Vec<IpvsDestination>, DataplaneError> {
         let (socket, id) = self.ipvs()?;
         let bytes = socket
-            .dump(codec::list_destinations(id, 0, service))
+            .dump(encode::list_destinations(id, 0, service))
             .map_err(|e| {
                 io_error(
-                    format!(
-                        "listing the real servers of {}",
-                        super::describe_service(service)
-                    ),
+                    format!("listing the real servers of {}", describe_service(service)),
                     e,
                 )
             })?;

@@ -20,8 +20,8 @@ use proxyplan_crds::{
 };
 
 use super::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetEntry, SetSpec, SetType, Sets};
-use super::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use crate::iptables::{BaseJump, FamilyRules, Ruleset, TableRules, names};
+use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, protocol_name, socket_text};
 use crate::run::Cidr;
 
 /// Node-local inputs of the ipvs mode (agent flags, not plan content).
@@ -104,8 +104,8 @@ impl std::fmt::Display for VirtualServerKey {
         write!(
             f,
             "{} {}",
-            super::protocol_name(self.protocol),
-            super::socket_text(self.addr, self.port)
+            protocol_name(self.protocol),
+            socket_text(self.addr, self.port)
         )
     }
 }

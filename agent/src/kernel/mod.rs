@@ -7,5 +7,6 @@
 
 pub mod error;
 pub mod family;
+pub mod ipvs;
 pub mod namespace;
 pub mod netlink;

@@ -10,7 +10,7 @@ use super::{InterfaceAddress, IpvsKernel, IpvsOp};
 use crate::dataplane::DataplaneError;
 use crate::ipvs::ipset::{IpSet, Sets};
 use crate::ipvs::ipset_netlink::SetOp;
-use crate::ipvs::{IpvsDestination, IpvsService};
+use crate::kernel::ipvs::{IpvsDestination, IpvsService};
 
 type ServiceKey = (u16, IpAddr, u16);
 /// A service and its real servers by address and port.
