@@ -15,11 +15,11 @@ use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::iptables::kernel::fake::FakeKernel;
 use proxyplan_agent::iptables::{BackendChoice, Ruleset};
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::ipset::SetEntry;
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::ipvs::render::{
     IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
 };
+use proxyplan_agent::kernel::ipset::SetEntry;
 use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,

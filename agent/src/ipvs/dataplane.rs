@@ -22,10 +22,9 @@ use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
 use super::desired::{ChangedEntries, Desired, HeldSets};
-use super::ipset::{SetChange, SetChanges, Sets};
-use super::ipset_netlink::{self, SetOp};
 use super::kernel::{IpvsKernel, IpvsOp};
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
+use super::set_changes::{SetChange, SetChanges};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
 use crate::iptables::conntrack::{EntryChange, UdpTracker};
@@ -33,6 +32,7 @@ use crate::iptables::kernel::Tool;
 use crate::iptables::{
     Backend, BackendChoice, Family, FamilyRules, Ruleset, Runner, TableName, names,
 };
+use crate::kernel::ipset::{self, SetOp, Sets};
 use crate::kernel::ipvs::{
     IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService, socket_text,
 };
@@ -445,7 +445,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             for (op, errno) in round.iter().zip(results) {
                 // Deleting an entry that is already gone is done.
                 let done = errno == 0
-                    || (matches!(op, SetOp::Del(..)) && errno == -ipset_netlink::IPSET_ERR_EXIST);
+                    || (matches!(op, SetOp::Del(..)) && errno == -ipset::IPSET_ERR_EXIST);
                 if done {
                     continue;
                 }
@@ -457,7 +457,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
                     } else {
                         ""
                     };
-                    failures.push(format!("{op}: {}{hint}", ipset_netlink::error_name(errno)));
+                    failures.push(format!("{op}: {}{hint}", ipset::error_name(errno)));
                 }
             }
         }

@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
-use super::ipset::{IpSet, SetChanges, SetEntry, Sets};
-use super::ipset_netlink::SetOp;
 use super::render::{
     Contribution, NodeContext, Role, SetId, VirtualServer, VirtualServerKey, contribute,
 };
+use super::set_changes::SetChanges;
+use crate::kernel::ipset::{IpSet, SetEntry, SetOp, Sets};
 
 /// What an update changes in the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -517,7 +517,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::ipvs::ipset::{SetSpec, SetType};
+    use crate::kernel::ipset::{SetSpec, SetType};
 
     fn entry(key: &str, cluster_ip: &str, endpoints: &[(&str, u16)]) -> ServicePortPlan {
         let text = format!(
@@ -534,7 +534,10 @@ mod tests {
         serde_json::from_str(&text).unwrap()
     }
 
-    fn sorted_script(changes: &SetChanges, list: &[crate::ipvs::ipset::SetChange]) -> Vec<String> {
+    fn sorted_script(
+        changes: &SetChanges,
+        list: &[super::super::set_changes::SetChange],
+    ) -> Vec<String> {
         let mut lines: Vec<String> = changes.script(list).lines().map(str::to_owned).collect();
         lines.sort();
         lines

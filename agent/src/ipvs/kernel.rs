@@ -16,9 +16,8 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 
-use super::ipset::Sets;
-use super::ipset_netlink::{IpsetNetlink, SetOp};
 use crate::dataplane::DataplaneError;
+use crate::kernel::ipset::{IpsetNetlink, SetOp, Sets};
 use crate::kernel::ipvs::{
     IPVS_GENL_NAME, IpvsDestination, IpvsService, NetlinkBody, describe_service, socket_text,
 };

@@ -3,7 +3,6 @@
 
 pub mod dataplane;
 pub mod desired;
-pub mod ipset;
-pub mod ipset_netlink;
 pub mod kernel;
 pub mod render;
+pub mod set_changes;

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod family;
+pub mod ipset;
 pub mod ipvs;
 pub mod namespace;
 pub mod netlink;

@@ -8,8 +8,7 @@ use std::net::IpAddr;
 
 use super::{InterfaceAddress, IpvsKernel, IpvsOp};
 use crate::dataplane::DataplaneError;
-use crate::ipvs::ipset::{IpSet, Sets};
-use crate::ipvs::ipset_netlink::SetOp;
+use crate::kernel::ipset::{IpSet, SetOp, Sets};
 use crate::kernel::ipvs::{IpvsDestination, IpvsService};
 
 type ServiceKey = (u16, IpAddr, u16);
