@@ -3,6 +3,7 @@
 //! [`iptables`] renders the desired rules as data (pure); the appliers at the edge diff
 //! that against the kernel and send only the difference.
 
+pub mod conntrack;
 pub mod dataplane;
 pub mod iptables;
 pub mod ipvs;

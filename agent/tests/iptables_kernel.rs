@@ -12,10 +12,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
-use proxyplan_agent::iptables::kernel::{BackendChoice, Tool};
-use proxyplan_agent::iptables::{
-    Backend, CommandOutput, CommandRunner, Family, IptablesDataplane, RenderSettings, Runner,
-    names, render,
+use proxyplan_agent::iptables::{IptablesDataplane, RenderSettings, names, render};
+use proxyplan_agent::kernel::{
+    Backend, BackendChoice, CommandOutput, CommandRunner, Family, Runner, Tool,
 };
 use proxyplan_crds::MergedPlan;
 use support::{Netns, chains_of, ep, many_services, plan, service, small_cluster, udp};
@@ -161,7 +160,7 @@ fn first_sync_then_nothing(backend: Backend) {
             );
         }
         for jump in &rules.base_jumps {
-            let words = proxyplan_agent::iptables::apply::split_words(&jump.rule);
+            let words = proxyplan_agent::kernel::iptables::split_words(&jump.rule);
             assert!(
                 held[jump.chain].contains(&words),
                 "{table} {}: {}",

@@ -12,13 +12,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-use proxyplan_agent::iptables::{BackendChoice, Ruleset};
+use proxyplan_agent::iptables::Ruleset;
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::ipvs::render::{
     IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
 };
+use proxyplan_agent::kernel::BackendChoice;
+use proxyplan_agent::kernel::command::fake::FakeKernel;
 use proxyplan_agent::kernel::ipset::SetEntry;
 use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
 use proxyplan_crds::{

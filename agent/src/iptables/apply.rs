@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::hash::{RevisionHasher, parse_revision, revision_text};
 use super::names::{ChainName, HashedName};
 use super::{BaseJump, FamilyRules, REVISION_PREFIX, TableName, TableRules, names};
+use crate::kernel::iptables::split_words;
 
 /// One owned chain as the kernel holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,44 +281,6 @@ impl KernelFamily {
             .iter()
             .all(|t| t.chains.is_empty() && t.jumps.values().all(Vec::is_empty))
     }
-}
-
-/// Splits one line of `iptables-save` output into words, removing the double quotes
-/// around words with spaces and their backslash escapes.
-#[must_use]
-pub fn split_words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut quoted = false;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if quoted => {
-                if let Some(next) = chars.next() {
-                    word.push(next);
-                }
-            }
-            '"' => {
-                quoted = !quoted;
-                in_word = true;
-            }
-            c if c.is_whitespace() && !quoted => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            c => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        words.push(word);
-    }
-    words
 }
 
 /// The revision in a rule's words, when the rule is exactly a revision rule

@@ -26,11 +26,12 @@ use std::net::IpAddr;
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
 use super::apply::{KernelChains, KernelFamily, apply_jumps, jump_changes};
-use super::conntrack::EntryChange;
 use super::hash::{ContentHasher, RevisionHasher, hash_entry, revision_text};
 use super::names::{ChainName, HashedName};
 use super::render::{FamilyInputs, RenderSettings, base_rules, render_entries, tail_rules};
-use super::{BaseJump, Family, FamilyRules, REVISION_PREFIX, TableName};
+use super::{BaseJump, FamilyRules, REVISION_PREFIX, TableName};
+use crate::conntrack::EntryChange;
+use crate::kernel::family::Family;
 
 /// Node-local inputs of the rendering; a change re-renders everything.
 type Context = (RenderSettings, Option<String>, Vec<IpAddr>);

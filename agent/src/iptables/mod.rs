@@ -7,10 +7,8 @@
 
 pub mod apply;
 pub mod cache;
-pub mod conntrack;
-pub mod conntrack_netlink;
+pub mod dataplane;
 pub mod hash;
-pub mod kernel;
 pub mod names;
 pub mod render;
 pub mod trace;
@@ -18,7 +16,7 @@ pub mod trace;
 use std::collections::BTreeMap;
 
 pub use crate::kernel::family::Family;
-pub use kernel::{Backend, BackendChoice, CommandOutput, CommandRunner, IptablesDataplane, Runner};
+pub use dataplane::IptablesDataplane;
 pub use render::{RenderSettings, render};
 
 /// The tables the agent writes.

@@ -25,14 +25,14 @@ use super::desired::{ChangedEntries, Desired, HeldSets};
 use super::kernel::{IpvsKernel, IpvsOp};
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
 use super::set_changes::{SetChange, SetChanges};
+use crate::conntrack::{EntryChange, UdpTracker};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
-use crate::iptables::conntrack::{EntryChange, UdpTracker};
-use crate::iptables::kernel::Tool;
-use crate::iptables::{
-    Backend, BackendChoice, Family, FamilyRules, Ruleset, Runner, TableName, names,
-};
+use crate::iptables::{FamilyRules, Ruleset, TableName, names};
+use crate::kernel::command::Runner;
+use crate::kernel::family::Family;
 use crate::kernel::ipset::{self, SetOp, Sets};
+use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
 use crate::kernel::ipvs::{
     IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService, socket_text,
 };
@@ -43,8 +43,6 @@ const OPS_PER_ROUND: usize = 4096;
 const ADDRESSES_ALONGSIDE: usize = 256;
 /// Set changes written out in a sync's report (a dry run writes all).
 const SET_LINES_SHOWN: usize = 1000;
-/// Seconds `iptables-restore` waits for the xtables lock.
-const LOCK_WAIT: &str = "5";
 
 /// A real server as the kernel holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

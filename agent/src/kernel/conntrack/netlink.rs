@@ -1,6 +1,6 @@
 //! UDP conntrack entries over ctnetlink, our own codec: list them and delete stale ones
 //! without starting a `conntrack` process (one costs more than a whole endpoint change).
-//! Both modes use it through [`super::kernel::CommandRunner`].
+//! Both modes use it through [`crate::kernel::command::CommandRunner`].
 //!
 //! Wire format (native byte order unless marked big-endian):
 //!
@@ -22,8 +22,8 @@ use std::net::IpAddr;
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use super::Family;
-use super::conntrack::{Flow, StaleFlows};
+use super::flows::{Flow, StaleFlows};
+use crate::kernel::family::Family;
 use crate::kernel::netlink::frame::{
     self, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkFormatError, NetlinkHeader,
     attributes,

@@ -1,4 +1,5 @@
-//! Stale UDP conntrack entries (DESIGN §3, kube-proxy's semantics).
+//! Stale UDP conntrack entries (DESIGN §3, kube-proxy's semantics): which entries a sync
+//! makes stale, for any mode. Listing and deleting them is [`crate::kernel::conntrack`]'s.
 //!
 //! UDP has no connection to close, so a conntrack entry outlives the rules that created
 //! it: a client that kept sending to a service address while it had no endpoint holds an
@@ -20,49 +21,10 @@ use std::net::IpAddr;
 
 use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan, TrafficPolicy};
 
-use super::Family;
-use super::kernel::{CommandOutput, Runner};
-use crate::dataplane::DataplaneError;
-
-/// The conntrack-tools binary.
-pub const CONNTRACK: &str = "conntrack";
-
-/// Where UDP traffic to a service arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Destination {
-    /// A service address (cluster, external or load-balancer IP) and the service port.
-    Address {
-        /// The address.
-        ip: IpAddr,
-        /// The service port.
-        port: u16,
-    },
-    /// A node port, on any of the node's addresses.
-    NodePort {
-        /// Family of the service port.
-        family: Family,
-        /// The node port.
-        port: u16,
-    },
-}
-
-impl Destination {
-    /// The destination's IP family.
-    #[must_use]
-    pub fn family(&self) -> Family {
-        match self {
-            Self::Address { ip, .. } => family_of(*ip),
-            Self::NodePort { family, .. } => *family,
-        }
-    }
-}
-
-fn family_of(ip: IpAddr) -> Family {
-    if ip.is_ipv4() { Family::V4 } else { Family::V6 }
-}
-
-/// An endpoint address and port.
-pub type Backend = (IpAddr, u16);
+use crate::kernel::command::Runner;
+use crate::kernel::conntrack::{Backend, CONNTRACK, Destination, Flow, StaleFlows};
+use crate::kernel::error::DataplaneError;
+use crate::kernel::family::Family;
 
 /// The UDP destinations a plan serves and the endpoints traffic to each may be DNATed to,
 /// and which entries serve each destination: [`UdpPaths::update`] then follows a sync's
@@ -252,88 +214,6 @@ impl UdpPaths {
     }
 }
 
-/// A set of conntrack entries to delete.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum StaleFlows {
-    /// Every entry to a destination that had no endpoint.
-    To(Destination),
-    /// Entries to a destination whose reply comes from an endpoint no longer behind it.
-    Via(Destination, Backend),
-    /// One entry found in the conntrack table.
-    Exact(Flow),
-}
-
-impl StaleFlows {
-    /// The IP family of the entries.
-    #[must_use]
-    pub fn family(&self) -> Family {
-        match self {
-            Self::To(dest) | Self::Via(dest, _) => dest.family(),
-            Self::Exact(flow) => family_of(flow.orig_dst),
-        }
-    }
-
-    /// Whether the entry `flow` is one of these: what `conntrack` with
-    /// [`StaleFlows::conntrack_args`] deletes (the family is the listing's).
-    #[must_use]
-    pub fn matches(&self, flow: &Flow) -> bool {
-        let to = |dest: &Destination| match *dest {
-            Destination::Address { ip, port } => flow.orig_dst == ip && flow.dport == port,
-            Destination::NodePort { port, .. } => flow.dport == port,
-        };
-        match self {
-            Self::To(dest) => to(dest),
-            Self::Via(dest, (ip, port)) => {
-                to(dest) && flow.reply_src == *ip && flow.reply_sport == *port
-            }
-            Self::Exact(exact) => {
-                flow.orig_src == exact.orig_src
-                    && flow.orig_dst == exact.orig_dst
-                    && flow.sport == exact.sport
-                    && flow.dport == exact.dport
-            }
-        }
-    }
-
-    /// The `conntrack` arguments that delete these entries.
-    #[must_use]
-    pub fn conntrack_args(&self) -> Vec<String> {
-        let family = match self.family() {
-            Family::V4 => "ipv4",
-            Family::V6 => "ipv6",
-        };
-        let mut args: Vec<String> = ["-D", "-p", "udp", "-f", family]
-            .map(str::to_owned)
-            .to_vec();
-        let mut push = |flag: &str, value: String| {
-            args.push(flag.to_owned());
-            args.push(value);
-        };
-        match self {
-            Self::To(dest) | Self::Via(dest, _) => {
-                match dest {
-                    Destination::Address { ip, port } => {
-                        push("--orig-dst", ip.to_string());
-                        push("--dport", port.to_string());
-                    }
-                    Destination::NodePort { port, .. } => push("--dport", port.to_string()),
-                }
-                if let Self::Via(_, (ip, port)) = self {
-                    push("--reply-src", ip.to_string());
-                    push("--reply-port-src", port.to_string());
-                }
-            }
-            Self::Exact(flow) => {
-                push("--orig-src", flow.orig_src.to_string());
-                push("--orig-dst", flow.orig_dst.to_string());
-                push("--sport", flow.sport.to_string());
-                push("--dport", flow.dport.to_string());
-            }
-        }
-        args
-    }
-}
-
 /// The entries made stale by moving from `previous` to `next`, deduplicated.
 #[must_use]
 pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
@@ -434,57 +314,6 @@ impl UdpTracker {
     }
 }
 
-/// One UDP conntrack entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Flow {
-    /// Original source.
-    pub orig_src: IpAddr,
-    /// Original destination.
-    pub orig_dst: IpAddr,
-    /// Original source port.
-    pub sport: u16,
-    /// Original destination port.
-    pub dport: u16,
-    /// Source of the reply (the endpoint, when DNATed).
-    pub reply_src: IpAddr,
-    /// Source port of the reply.
-    pub reply_sport: u16,
-}
-
-/// Parses `conntrack -L -p udp` output (one entry per line, `key=value` words: the
-/// original tuple first, then the reply tuple). Lines that do not parse are skipped.
-#[must_use]
-pub fn parse_listing(text: &str) -> Vec<Flow> {
-    text.lines().filter_map(parse_flow).collect()
-}
-
-fn parse_flow(line: &str) -> Option<Flow> {
-    let mut src = Vec::new();
-    let mut dst = Vec::new();
-    let mut sport = Vec::new();
-    let mut dport = Vec::new();
-    for word in line.split_whitespace() {
-        let Some((key, value)) = word.split_once('=') else {
-            continue;
-        };
-        match key {
-            "src" => src.push(value.parse::<IpAddr>().ok()?),
-            "dst" => dst.push(value.parse::<IpAddr>().ok()?),
-            "sport" => sport.push(value.parse::<u16>().ok()?),
-            "dport" => dport.push(value.parse::<u16>().ok()?),
-            _ => {}
-        }
-    }
-    Some(Flow {
-        orig_src: *src.first()?,
-        orig_dst: *dst.first()?,
-        sport: *sport.first()?,
-        dport: *dport.first()?,
-        reply_src: *src.get(1)?,
-        reply_sport: *sport.get(1)?,
-    })
-}
-
 /// The listed entries that contradict `paths`: addressed to a served destination (a node
 /// port counts when addressed to one of `node_addresses`) and answered by something that
 /// is not one of its endpoints.
@@ -502,7 +331,7 @@ pub fn stale_in_table(
                 port: flow.dport,
             };
             let node_port = Destination::NodePort {
-                family: family_of(flow.orig_dst),
+                family: Family::of(flow.orig_dst),
                 port: flow.dport,
             };
             let backends = paths.backends(&address).or_else(|| {
@@ -517,58 +346,10 @@ pub fn stale_in_table(
         .collect()
 }
 
-/// How many entries `conntrack -D` reports deleted.
-fn deleted_count(output: &CommandOutput) -> Option<usize> {
-    let text = format!("{}{}", output.stderr, output.stdout);
-    let before = text.split(" flow entries have been deleted").next()?;
-    if before.len() == text.len() {
-        return None;
-    }
-    before
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// Deletes the entries with the `conntrack` tool; returns how many the kernel had.
-///
-/// # Errors
-/// When `conntrack` is missing or fails (finding nothing to delete is not a failure).
-pub fn delete<R: Runner + ?Sized>(runner: &R, flows: &StaleFlows) -> Result<usize, DataplaneError> {
-    let args = flows.conntrack_args();
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let output = runner.run(CONNTRACK, &argv, None)?;
-    match (output.code, deleted_count(&output)) {
-        (Some(0), count) => Ok(count.unwrap_or(0)),
-        (Some(1), Some(0)) => Ok(0),
-        _ => Err(output.failure(&format!("{CONNTRACK} {}", args.join(" ")))),
-    }
-}
-
-/// Lists the UDP entries of one family with the `conntrack` tool.
-///
-/// # Errors
-/// When `conntrack` is missing or fails.
-pub fn list_udp<R: Runner + ?Sized>(
-    runner: &R,
-    family: Family,
-) -> Result<Vec<Flow>, DataplaneError> {
-    let family = match family {
-        Family::V4 => "ipv4",
-        Family::V6 => "ipv6",
-    };
-    let argv = ["-L", "-p", "udp", "-f", family];
-    let output = runner.run(CONNTRACK, &argv, None)?;
-    if output.code != Some(0) {
-        return Err(output.failure(&format!("{CONNTRACK} {}", argv.join(" "))));
-    }
-    Ok(parse_listing(&output.stdout))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::conntrack::parse_listing;
     use proxyplan_crds::{
         EmptyAction, Endpoint, IpFamily, LocalTrafficDetection, LocalTrafficMode, MasqueradePlan,
         ServicePortPlan, TrafficPlan,
@@ -786,29 +567,5 @@ conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.
             args(&stale_in_table(&flows, &paths, &[])),
             ["-D -p udp -f ipv4 --orig-src 10.0.0.1 --orig-dst 10.96.0.10 --sport 5000 --dport 53"]
         );
-    }
-
-    #[test]
-    fn deleted_counts_are_read_from_the_message() {
-        let out = |code, stderr: &str| CommandOutput {
-            code: Some(code),
-            stdout: String::new(),
-            stderr: stderr.to_owned(),
-        };
-        assert_eq!(
-            deleted_count(&out(
-                0,
-                "conntrack v1.4.7 (conntrack-tools): 12 flow entries have been deleted.\n"
-            )),
-            Some(12)
-        );
-        assert_eq!(
-            deleted_count(&out(
-                1,
-                "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted."
-            )),
-            Some(0)
-        );
-        assert_eq!(deleted_count(&out(1, "conntrack: operation failed")), None);
     }
 }

@@ -8,11 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{CommandOutput, Runner};
-use crate::dataplane::DataplaneError;
-use crate::iptables::Family;
-use crate::iptables::apply::split_words;
-use crate::iptables::conntrack::Flow;
+use super::output::{CommandOutput, package_of};
+use super::runner::Runner;
+use crate::kernel::conntrack::flows::Flow;
+use crate::kernel::error::DataplaneError;
+use crate::kernel::family::Family;
+use crate::kernel::iptables::split_words;
 
 /// One command the fake was asked to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -535,7 +536,7 @@ impl Runner for FakeKernel {
         if state.missing.contains(program) {
             return Err(DataplaneError::MissingTool {
                 tool: program.to_owned(),
-                hint: format!("Debian package {}", super::package_of(program)),
+                hint: format!("Debian package {}", package_of(program)),
             });
         }
         let family = if program.starts_with("ip6tables") {
