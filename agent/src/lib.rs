@@ -8,4 +8,5 @@ pub mod dataplane;
 pub mod iptables;
 pub mod ipvs;
 pub mod kernel;
+pub mod ruleset;
 pub mod run;

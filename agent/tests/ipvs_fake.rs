@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::Ruleset;
 use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
 use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::ipvs::render::{
@@ -22,6 +21,7 @@ use proxyplan_agent::kernel::BackendChoice;
 use proxyplan_agent::kernel::command::fake::FakeKernel;
 use proxyplan_agent::kernel::ipset::SetEntry;
 use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
+use proxyplan_agent::ruleset::Ruleset;
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,
     TrafficPolicy,

@@ -25,13 +25,14 @@ use std::net::IpAddr;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
-use super::apply::{KernelChains, KernelFamily, apply_jumps, jump_changes};
-use super::hash::{ContentHasher, RevisionHasher, hash_entry, revision_text};
-use super::names::{ChainName, HashedName};
 use super::render::{FamilyInputs, RenderSettings, base_rules, render_entries, tail_rules};
-use super::{BaseJump, FamilyRules, REVISION_PREFIX, TableName};
 use crate::conntrack::EntryChange;
 use crate::kernel::family::Family;
+use crate::ruleset::diff::{apply_jumps, jump_changes};
+use crate::ruleset::hash::{ContentHasher, RevisionHasher, hash_entry, revision_text};
+use crate::ruleset::names::{ChainName, HashedName};
+use crate::ruleset::rules::{BaseJump, FamilyRules, REVISION_PREFIX, TableName};
+use crate::ruleset::save::{KernelChains, KernelFamily};
 
 /// Node-local inputs of the rendering; a change re-renders everything.
 type Context = (RenderSettings, Option<String>, Vec<IpAddr>);
@@ -992,7 +993,7 @@ pub struct CachedChain {
     pub table: TableName,
     /// Its name.
     pub name: String,
-    /// Its revision, as [`super::TableRules::revision`] writes it.
+    /// Its revision, as [`crate::ruleset::TableRules::revision`] writes it.
     pub revision: String,
     /// Its rules, revision rule included.
     pub rules: usize,

@@ -14,15 +14,17 @@ use std::io::Write;
 
 use proxyplan_crds::{IpFamily, MergedPlan};
 
-use super::apply::{KernelFamily, KernelTable, SaveParser};
 use super::cache::FamilyCache;
 use super::render::FamilyInputs;
-use super::{RenderSettings, TableName, names};
+use super::render::RenderSettings;
 use crate::conntrack::{EntryChange, UdpTracker};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
+use crate::ruleset::rules::TableName;
+use crate::ruleset::save::KernelFamily;
+use crate::ruleset::tables::{canary_intact, read_family};
 
 /// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
 /// sync of a large node sends hundreds of megabytes, which are streamed to
@@ -81,43 +83,6 @@ fn ip_family(family: Family) -> IpFamily {
     match family {
         Family::V4 => IpFamily::IPv4,
         Family::V6 => IpFamily::IPv6,
-    }
-}
-
-/// Reads one table with `iptables-save -t TABLE`, line by line.
-fn read_table(
-    runner: &dyn Runner,
-    backend: Backend,
-    family: Family,
-    table: TableName,
-) -> Result<KernelTable, DataplaneError> {
-    let save = backend.binary(family, Tool::Save);
-    let args = ["-t", table.as_str()];
-    let mut parser = SaveParser::new(table);
-    let output = runner.run_lines(&save, &args, &mut |line| parser.line(line))?;
-    if !output.success() {
-        return Err(output.failure(&format!("{save} {}", args.join(" "))));
-    }
-    Ok(parser.finish())
-}
-
-/// Reads what `family` holds. IPv6 is allowed to be unavailable when nothing is wanted
-/// there (a node without IPv6): it then holds nothing.
-fn read_family(
-    runner: &dyn Runner,
-    backend: Backend,
-    family: Family,
-    wanted: bool,
-) -> Result<KernelFamily, DataplaneError> {
-    let read = || -> Result<KernelFamily, DataplaneError> {
-        Ok(KernelFamily {
-            filter: read_table(runner, backend, family, TableName::Filter)?,
-            nat: read_table(runner, backend, family, TableName::Nat)?,
-        })
-    };
-    match read() {
-        Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
-        other => other,
     }
 }
 
@@ -385,21 +350,6 @@ impl<R: Runner> IptablesDataplane<R> {
         state.in_sync = in_sync;
         Ok((changed, rules, entries))
     }
-
-    fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
-        let iptables = self.backend.binary(family, Tool::Iptables);
-        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
-        let output = self.runner.run(&iptables, &args, None)?;
-        match output.code {
-            Some(0) => {
-                let rule = format!("-A {} ", names::CANARY);
-                Ok(output.stdout.lines().any(|l| l.starts_with(&rule)))
-            }
-            // No such chain.
-            Some(1) => Ok(false),
-            _ => Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
-        }
-    }
 }
 
 fn family_header(backend: Backend, family: Family) -> String {
@@ -438,7 +388,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 continue;
             }
             for table in [TableName::Nat, TableName::Filter] {
-                if !self.canary_intact(family, table)? {
+                if !canary_intact(&self.runner, self.backend, family, table)? {
                     self.families[index(family)].kernel = None;
                     return Ok(false);
                 }

@@ -21,8 +21,8 @@ use proxyplan_crds::{
     TrafficPlan, TrafficPolicy,
 };
 
-use super::names;
-use super::{BaseJump, FamilyRules, Ruleset, TableRules};
+use crate::ruleset::names;
+use crate::ruleset::rules::{BaseJump, FamilyRules, Ruleset, TableName, TableRules};
 
 /// Node-local inputs of the renderer (agent flags, not plan content).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +133,7 @@ pub(crate) fn base_rules(settings: &RenderSettings, family: IpFamily) -> FamilyR
 pub(crate) fn tail_rules(
     settings: &RenderSettings,
     family: IpFamily,
-) -> Vec<(super::TableName, &'static str, String)> {
+) -> Vec<(TableName, &'static str, String)> {
     let mut out = Builder::new(settings, family, true);
     out.nodeport_entry();
     out.nat
@@ -141,7 +141,7 @@ pub(crate) fn tail_rules(
         .remove(names::SERVICES)
         .unwrap_or_default()
         .into_iter()
-        .map(|rule| (super::TableName::Nat, names::SERVICES, rule))
+        .map(|rule| (TableName::Nat, names::SERVICES, rule))
         .collect()
 }
 

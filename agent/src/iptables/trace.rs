@@ -27,7 +27,7 @@ use std::str::FromStr;
 
 use proxyplan_crds::Protocol;
 
-use super::{FamilyRules, TableName, TableRules};
+use crate::ruleset::rules::{FamilyRules, TableName, TableRules};
 
 /// How deep jumps may nest before the tracer assumes a loop.
 const MAX_DEPTH: usize = 64;
@@ -1058,7 +1058,7 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iptables::BaseJump;
+    use crate::ruleset::rules::BaseJump;
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()

@@ -27,8 +27,6 @@ use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, Virtua
 use super::set_changes::{SetChange, SetChanges};
 use crate::conntrack::{EntryChange, UdpTracker};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
-use crate::iptables::apply::{FamilyDiff, KernelFamily, KernelTable};
-use crate::iptables::{FamilyRules, Ruleset, TableName, names};
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::ipset::{self, SetOp, Sets};
@@ -36,6 +34,10 @@ use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
 use crate::kernel::ipvs::{
     IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService, socket_text,
 };
+use crate::ruleset::diff::FamilyDiff;
+use crate::ruleset::rules::{FamilyRules, Ruleset, TableName};
+use crate::ruleset::save::KernelFamily;
+use crate::ruleset::tables::{canary_intact, read_family};
 
 /// Operations sent to the kernel per netlink round (bounds memory at first apply).
 const OPS_PER_ROUND: usize = 4096;
@@ -1088,33 +1090,6 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         rounds.send(&mut self.kernel)
     }
 
-    fn read_frame_table(
-        &self,
-        family: Family,
-        table: TableName,
-    ) -> Result<KernelTable, DataplaneError> {
-        let save = self.backend.binary(family, Tool::Save);
-        let args = ["-t", table.as_str()];
-        let output = self.runner.run(&save, &args, None)?;
-        if !output.success() {
-            return Err(output.failure(&format!("{save} {}", args.join(" "))));
-        }
-        Ok(KernelTable::from_save(&output.stdout, table))
-    }
-
-    fn read_frame(&self, family: Family, wanted: bool) -> Result<KernelFamily, DataplaneError> {
-        let read = || -> Result<KernelFamily, DataplaneError> {
-            Ok(KernelFamily {
-                filter: self.read_frame_table(family, TableName::Filter)?,
-                nat: self.read_frame_table(family, TableName::Nat)?,
-            })
-        };
-        match read() {
-            Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
-            other => other,
-        }
-    }
-
     /// Brings one family's fixed rules to `desired`; returns the payload and the number of
     /// chains changed.
     fn sync_frame(
@@ -1127,11 +1102,11 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         let wanted = desired.rule_count() > 0;
         let mut kernel = match self.frame[i].take() {
             Some(kernel) => kernel,
-            None => self.read_frame(family, wanted)?,
+            None => read_family(&self.runner, self.backend, family, wanted)?,
         };
         let mut diff = FamilyDiff::new(desired, &kernel);
         if diff.needs_fresh_positions() {
-            kernel = self.read_frame(family, wanted)?;
+            kernel = read_family(&self.runner, self.backend, family, wanted)?;
             diff = FamilyDiff::new(desired, &kernel);
         }
         let payload = diff.restore_payload();
@@ -1149,20 +1124,6 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         kernel.nat.positions_fresh = false;
         self.frame[i] = Some(kernel);
         Ok((payload, changed))
-    }
-
-    fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
-        let iptables = self.backend.binary(family, Tool::Iptables);
-        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
-        let output = self.runner.run(&iptables, &args, None)?;
-        match output.code {
-            Some(0) => {
-                let rule = format!("-A {} ", names::CANARY);
-                Ok(output.stdout.lines().any(|l| l.starts_with(&rule)))
-            }
-            Some(1) => Ok(false),
-            _ => Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
-        }
     }
 
     /// Whether IPVS, the interface and the sets still hold what the model says (counted,
@@ -1217,7 +1178,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
                 continue;
             }
             for table in [TableName::Nat, TableName::Filter] {
-                if !self.canary_intact(family, table)? {
+                if !canary_intact(&self.runner, self.backend, family, table)? {
                     self.frame[index(family)] = None;
                     return Ok(false);
                 }

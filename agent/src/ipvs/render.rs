@@ -19,9 +19,10 @@ use proxyplan_crds::{
     EmptyAction, Endpoint, IpFamily, LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan,
 };
 
-use crate::iptables::{BaseJump, FamilyRules, Ruleset, TableRules, names};
 use crate::kernel::ipset::{IpSet, PREFIX_V4, PREFIX_V6, SetEntry, SetSpec, SetType, Sets};
 use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, protocol_name, socket_text};
+use crate::ruleset::names;
+use crate::ruleset::rules::{BaseJump, FamilyRules, Ruleset, TableRules};
 use crate::run::Cidr;
 
 /// Node-local inputs of the ipvs mode (agent flags, not plan content).

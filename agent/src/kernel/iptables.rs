@@ -156,3 +156,34 @@ pub fn split_words(line: &str) -> Vec<String> {
     }
     words
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<String> {
+        split_words(line)
+    }
+
+    #[test]
+    fn words_unquote_like_iptables_save() {
+        assert_eq!(
+            words(r#"-A X -m comment --comment "a b \"c\"" -j Y"#),
+            [
+                "-A",
+                "X",
+                "-m",
+                "comment",
+                "--comment",
+                "a b \"c\"",
+                "-j",
+                "Y"
+            ]
+        );
+        assert_eq!(
+            words("-m comment --comment proxyplan-rev:abc"),
+            words(r#"-m comment --comment "proxyplan-rev:abc""#)
+        );
+        assert_eq!(words(r#"--comment """#), ["--comment", ""]);
+    }
+}
