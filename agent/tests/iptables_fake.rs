@@ -7,10 +7,10 @@ mod support;
 use std::collections::BTreeSet;
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
-use proxyplan_agent::iptables::{IptablesDataplane, RenderSettings, render};
 use proxyplan_agent::kernel::command::fake::{Call, FakeKernel};
 use proxyplan_agent::kernel::conntrack::Flow;
 use proxyplan_agent::kernel::{Backend, CommandOutput, Family, Runner, Tool, detect_backend};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
 use proxyplan_agent::ruleset::names;
 use support::{chains_of, ep, node_port, plan, service, small_cluster, udp};
 

@@ -12,10 +12,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
-use proxyplan_agent::iptables::{IptablesDataplane, RenderSettings, render};
 use proxyplan_agent::kernel::{
     Backend, BackendChoice, CommandOutput, CommandRunner, Family, Runner, Tool,
 };
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
 use proxyplan_agent::ruleset::names;
 use proxyplan_crds::MergedPlan;
 use support::{Netns, chains_of, ep, many_services, plan, service, small_cluster, udp};

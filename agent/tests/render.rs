@@ -14,8 +14,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use flows::{Expect, Flow, Node, Origin, PortBuilder, merged, port};
-use proxyplan_agent::iptables::trace::{Packet, TraceResult, Tracer, Verdict};
-use proxyplan_agent::iptables::{RenderSettings, render};
+use proxyplan_agent::modes::iptables::trace::{Packet, TraceResult, Tracer, Verdict};
+use proxyplan_agent::modes::iptables::{RenderSettings, render};
 use proxyplan_agent::ruleset::FamilyRules;
 use proxyplan_crds::{EmptyAction, LoadBalancerIpMode, MergedPlan, Protocol};
 

@@ -32,11 +32,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::kernel::NetlinkKernel;
-use proxyplan_agent::ipvs::render::IpvsSettings;
 use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
+use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
+use proxyplan_agent::modes::ipvs::kernel::NetlinkKernel;
+use proxyplan_agent::modes::ipvs::render::IpvsSettings;
 use proxyplan_agent::run::ProxyMode;
 
 /// The node's address towards `ext`.
