@@ -29,9 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
 use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::kernel::NetlinkKernel;
 use proxyplan_agent::modes::ipvs::render::IpvsSettings;
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
@@ -283,7 +283,7 @@ fn main() {
 /// and the dataplane's sync down to the (fake) netlink calls.
 fn userspace(services: usize, changes: usize) {
     use proxyplan_agent::kernel::command::fake::FakeKernel;
-    use proxyplan_agent::modes::ipvs::kernel::fake::FakeIpvsKernel;
+    use proxyplan_agent::kernel::ipvs::FakeIpvsKernel;
     let (mut cluster, mut planner, mut objects) = synthetic(services);
     let start = Instant::now();
     let merged = Arc::new(objects.merged());

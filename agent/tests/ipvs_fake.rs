@@ -15,9 +15,9 @@ use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::BackendChoice;
 use proxyplan_agent::kernel::command::fake::FakeKernel;
 use proxyplan_agent::kernel::ipset::SetEntry;
+use proxyplan_agent::kernel::ipvs::FakeIpvsKernel;
 use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
 use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::kernel::fake::FakeIpvsKernel;
 use proxyplan_agent::modes::ipvs::render::{
     IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
 };
@@ -290,7 +290,7 @@ fn a_real_server_with_connections_waits_for_them_or_the_grace_period() {
 #[test]
 fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
     use proxyplan_agent::kernel::ipvs::IpvsService;
-    use proxyplan_agent::modes::ipvs::kernel::{IpvsKernel, IpvsOp};
+    use proxyplan_agent::kernel::ipvs::{IpvsKernel, IpvsOp};
     let mut kernel = FakeIpvsKernel::new(ip(NODE));
     let foreign = IpvsService::new(IPPROTO_UDP, ip("198.51.100.7"), 53, "rr");
     assert_eq!(

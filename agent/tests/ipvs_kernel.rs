@@ -13,9 +13,9 @@ mod traffic_support;
 use std::time::Duration;
 
 use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner, Family};
 use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::kernel::NetlinkKernel;
 use proxyplan_agent::modes::ipvs::render::IpvsSettings;
 use proxyplan_crds::MergedPlan;
 use support::{service, udp};

@@ -43,4 +43,13 @@ impl DataplaneError {
             Self::Io { .. } => "io",
         }
     }
+
+    /// [`DataplaneError::Io`] with its context.
+    #[must_use]
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
 }

@@ -12,8 +12,10 @@ pub mod family;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
+pub mod link;
 pub mod namespace;
 pub mod netlink;
+pub mod sysctl;
 
 pub use command::{CommandOutput, CommandRunner, InputWriter, Runner};
 pub use error::DataplaneError;

@@ -32,10 +32,10 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::kernel::NetlinkKernel;
 use proxyplan_agent::modes::ipvs::render::IpvsSettings;
 use proxyplan_agent::run::ProxyMode;
 

@@ -22,7 +22,7 @@ use proxyplan_crds::MergedPlan;
 use tracing::{info, warn};
 
 use super::desired::{ChangedEntries, Desired, HeldSets};
-use super::kernel::{IpvsKernel, IpvsOp};
+
 use super::render::{self, IpvsSettings, RealServer, SetId, VirtualServer, VirtualServerKey};
 use super::set_changes::{SetChange, SetChanges};
 use crate::conntrack::{EntryChange, UdpTracker};
@@ -32,7 +32,8 @@ use crate::kernel::family::Family;
 use crate::kernel::ipset::{self, SetOp, Sets};
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
 use crate::kernel::ipvs::{
-    IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsService, socket_text,
+    IP_VS_SVC_F_PERSISTENT, IPPROTO_UDP, IpvsDestination, IpvsKernel, IpvsOp, IpvsService,
+    socket_text,
 };
 use crate::ruleset::diff::FamilyDiff;
 use crate::ruleset::rules::{FamilyRules, Ruleset, TableName};

@@ -3,6 +3,5 @@
 
 pub mod dataplane;
 pub mod desired;
-pub mod kernel;
 pub mod render;
 pub mod set_changes;

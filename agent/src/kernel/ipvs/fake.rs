@@ -6,10 +6,12 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::{InterfaceAddress, IpvsKernel, IpvsOp};
-use crate::dataplane::DataplaneError;
-use crate::kernel::ipset::{IpSet, SetOp, Sets};
-use crate::kernel::ipvs::{IpvsDestination, IpvsService};
+use super::node::{IpvsKernel, IpvsOp};
+use super::types::{IpvsDestination, IpvsService};
+use crate::kernel::error::DataplaneError;
+use crate::kernel::ipset::message::SetOp;
+use crate::kernel::ipset::sets::{IpSet, Sets};
+use crate::kernel::link::InterfaceAddress;
 
 type ServiceKey = (u16, IpAddr, u16);
 /// A service and its real servers by address and port.

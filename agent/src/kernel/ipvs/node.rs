@@ -1,29 +1,27 @@
-//! The ipvs mode's kernel touchpoint: IPVS services and destinations (generic netlink),
-//! the dummy interface and its addresses (rtnetlink), ipsets (nfnetlink), and sysctls. One trait, a real
-//! implementation over netlink sockets, and a fake in [`fake`].
-
-pub mod fake;
+//! [`IpvsKernel`]: everything the ipvs mode asks of the kernel besides iptables, one
+//! trait over several conversations (IPVS over generic netlink, links and addresses,
+//! sysctls, ipsets). [`NetlinkKernel`] is the real one, [`super::fake::FakeIpvsKernel`]
+//! the fake.
 
 use std::io;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
-};
-use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
-use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_GENERIC;
 
-use crate::dataplane::DataplaneError;
-use crate::kernel::ipset::{IpsetNetlink, SetOp, Sets};
-use crate::kernel::ipvs::{
-    IPVS_GENL_NAME, IpvsDestination, IpvsService, NetlinkBody, describe_service, socket_text,
-};
-use crate::kernel::ipvs::{decode, encode};
+use super::decode;
+use super::encode;
+use super::message::{NetlinkBody, NetlinkMessage};
+use super::types::{IpvsDestination, IpvsService, describe_service, socket_text};
+use super::uapi::IPVS_GENL_NAME;
+use crate::kernel::error::DataplaneError;
+use crate::kernel::ipset::message::SetOp;
+use crate::kernel::ipset::sets::Sets;
+use crate::kernel::ipset::socket::IpsetNetlink;
+use crate::kernel::link::{AddressChanges, InterfaceAddress, Links};
 use crate::kernel::namespace::in_namespace;
 use crate::kernel::netlink::socket::{self, NetlinkSocket};
+use crate::kernel::sysctl;
 
 /// One IPVS change, borrowing the service and destination it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,49 +73,8 @@ impl std::fmt::Display for IpvsOp<'_> {
     }
 }
 
-/// An address on an interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct InterfaceAddress {
-    /// The interface index.
-    pub index: u32,
-    /// The address.
-    pub ip: IpAddr,
-    /// Its prefix length.
-    pub prefix_len: u8,
-}
-
-/// Address changes under way ([`IpvsKernel::begin_address_changes`]).
-#[derive(Debug)]
-pub enum AddressChanges {
-    /// Already done.
-    Done(Result<Vec<i32>, DataplaneError>),
-    /// Running on a thread that owns the rtnetlink socket until it is done.
-    Running(std::thread::JoinHandle<(NetlinkSocket, io::Result<Vec<i32>>)>),
-}
-
-/// The rtnetlink requests that add or remove host addresses on interface `index`.
-fn address_requests(
-    index: u32,
-    addresses: &[IpAddr],
-    add: bool,
-) -> impl Iterator<Item = Vec<u8>> + '_ {
-    addresses.iter().map(move |ip| {
-        let message = host_address(index, *ip);
-        if add {
-            route_message(
-                RouteNetlinkMessage::NewAddress(message),
-                NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-            )
-        } else {
-            route_message(
-                RouteNetlinkMessage::DelAddress(message),
-                NLM_F_REQUEST | NLM_F_ACK,
-            )
-        }
-    })
-}
-
-/// Everything the ipvs mode asks of the kernel besides iptables and ipset.
+/// Everything the ipvs mode asks of the kernel besides iptables: IPVS, links and
+/// addresses, sysctls and ipsets.
 pub trait IpvsKernel {
     /// Every IPVS virtual service (the caller keeps only those it owns).
     ///
@@ -201,7 +158,7 @@ pub trait IpvsKernel {
     ) -> Result<Vec<i32>, DataplaneError> {
         match pending {
             AddressChanges::Done(result) => result,
-            AddressChanges::Running(_) => Err(io_error(
+            AddressChanges::Running(_) => Err(DataplaneError::io(
                 "changing interface addresses",
                 io::Error::other("started by another kernel handle"),
             )),
@@ -221,7 +178,7 @@ pub trait IpvsKernel {
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError>;
 
     /// Changes the agent's ipsets: one errno per op (0 when done; see
-    /// [`super::ipset_netlink`] for what the others mean).
+    /// [`crate::kernel::ipset`] for what the others mean).
     ///
     /// # Errors
     /// When the kernel cannot be asked at all (a refused op is not an error here).
@@ -240,13 +197,6 @@ pub trait IpvsKernel {
     fn set_names(&mut self) -> Result<Vec<String>, DataplaneError>;
 }
 
-fn io_error(context: impl Into<String>, source: io::Error) -> DataplaneError {
-    DataplaneError::Io {
-        context: context.into(),
-        source,
-    }
-}
-
 /// The real kernel, through netlink sockets and `/proc/sys`: those of the calling
 /// thread's network namespace ([`NetlinkKernel::new`], opened on first use), or of a
 /// named one ([`NetlinkKernel::in_netns`], for tests and tools that program a namespace
@@ -254,9 +204,9 @@ fn io_error(context: impl Into<String>, source: io::Error) -> DataplaneError {
 #[derive(Debug, Default)]
 pub struct NetlinkKernel {
     genl: Option<(NetlinkSocket, u16)>,
-    route: Option<NetlinkSocket>,
+    links: Option<Links>,
     ipset: Option<IpsetNetlink>,
-    netns: Option<std::path::PathBuf>,
+    netns: Option<PathBuf>,
 }
 
 impl NetlinkKernel {
@@ -272,18 +222,20 @@ impl NetlinkKernel {
     /// # Errors
     /// When the namespace cannot be entered or the sockets cannot be opened there.
     pub fn in_netns(name: &str) -> Result<Self, DataplaneError> {
-        let path = std::path::Path::new("/run/netns").join(name);
-        let (genl, route, ipset) = in_namespace(&path, || {
+        let path = Path::new("/run/netns").join(name);
+        let (genl, links, ipset) = in_namespace(&path, || {
             Ok((
                 NetlinkSocket::open(NETLINK_GENERIC)?,
-                NetlinkSocket::open(NETLINK_ROUTE)?,
+                Links::open()?,
                 IpsetNetlink::open()?,
             ))
         })
-        .map_err(|e| io_error(format!("opening netlink sockets in {}", path.display()), e))?;
+        .map_err(|e| {
+            DataplaneError::io(format!("opening netlink sockets in {}", path.display()), e)
+        })?;
         let mut kernel = Self {
             genl: None,
-            route: Some(route),
+            links: Some(links),
             ipset: Some(ipset),
             netns: Some(path),
         };
@@ -301,18 +253,18 @@ impl NetlinkKernel {
                 } else {
                     "resolving the IPVS generic netlink family"
                 };
-                io_error(context, e)
+                DataplaneError::io(context, e)
             })?;
         let id = match decode::family_id_from_reply(&reply) {
             Ok(Ok(id)) => id,
             Ok(Err(errno)) => {
-                return Err(io_error(
+                return Err(DataplaneError::io(
                     "resolving the IPVS generic netlink family",
                     socket::errno_error(errno),
                 ));
             }
             Err(e) => {
-                return Err(io_error(
+                return Err(DataplaneError::io(
                     "resolving the IPVS generic netlink family",
                     io::Error::new(io::ErrorKind::InvalidData, e),
                 ));
@@ -335,47 +287,54 @@ impl NetlinkKernel {
     fn ipvs(&mut self) -> Result<(&mut NetlinkSocket, u16), DataplaneError> {
         if self.genl.is_none() {
             let socket = NetlinkSocket::open(NETLINK_GENERIC)
-                .map_err(|e| io_error("opening a generic netlink socket", e))?;
+                .map_err(|e| DataplaneError::io("opening a generic netlink socket", e))?;
             self.resolve(socket)?;
         }
         match self.genl.as_mut() {
             Some((socket, id)) => Ok((socket, *id)),
-            None => Err(io_error("IPVS socket", io::Error::other("not open"))),
+            None => Err(DataplaneError::io(
+                "IPVS socket",
+                io::Error::other("not open"),
+            )),
         }
     }
 
     fn ipset(&mut self) -> Result<&mut IpsetNetlink, DataplaneError> {
         if self.ipset.is_none() {
-            let socket = IpsetNetlink::open()
-                .map_err(|e| io_error("opening a netfilter netlink socket for ipset", e))?;
+            let socket = IpsetNetlink::open().map_err(|e| {
+                DataplaneError::io("opening a netfilter netlink socket for ipset", e)
+            })?;
             self.ipset = Some(socket);
         }
         match self.ipset.as_mut() {
             Some(socket) => Ok(socket),
-            None => Err(io_error("ipset socket", io::Error::other("not open"))),
+            None => Err(DataplaneError::io(
+                "ipset socket",
+                io::Error::other("not open"),
+            )),
         }
     }
 
-    fn route(&mut self) -> Result<&mut NetlinkSocket, DataplaneError> {
-        if self.route.is_none() {
-            // In the kernel's namespace: the socket may have gone with a failed thread.
-            let socket = self
-                .in_own_namespace(|| NetlinkSocket::open(NETLINK_ROUTE))
-                .map_err(|e| io_error("opening an rtnetlink socket", e))?;
-            self.route = Some(socket);
+    fn links(&mut self) -> Result<&mut Links, DataplaneError> {
+        if self.links.is_none() {
+            // In the kernel's namespace: the links may have gone with a failed thread.
+            let links = self
+                .in_own_namespace(Links::open)
+                .map_err(|e| DataplaneError::io("opening an rtnetlink socket", e))?;
+            self.links = Some(links);
         }
-        match self.route.as_mut() {
-            Some(socket) => Ok(socket),
-            None => Err(io_error("rtnetlink socket", io::Error::other("not open"))),
+        match self.links.as_mut() {
+            Some(links) => Ok(links),
+            None => Err(DataplaneError::io(
+                "rtnetlink socket",
+                io::Error::other("not open"),
+            )),
         }
     }
 
-    fn decode_ipvs(
-        bytes: &[u8],
-        family_id: u16,
-    ) -> Result<Vec<crate::kernel::ipvs::NetlinkMessage>, DataplaneError> {
+    fn decode_ipvs(bytes: &[u8], family_id: u16) -> Result<Vec<NetlinkMessage>, DataplaneError> {
         decode::decode(bytes, family_id).map_err(|e| {
-            io_error(
+            DataplaneError::io(
                 "decoding an IPVS reply",
                 io::Error::new(io::ErrorKind::InvalidData, e),
             )
@@ -383,52 +342,12 @@ impl NetlinkKernel {
     }
 }
 
-fn route_message(message: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
-}
-
-fn parse_route(bytes: &[u8]) -> Vec<RouteNetlinkMessage> {
-    socket::messages(bytes)
-        .filter_map(|m| NetlinkMessage::<RouteNetlinkMessage>::deserialize(m.bytes).ok())
-        .filter_map(|m| match m.payload {
-            NetlinkPayload::InnerMessage(inner) => Some(inner),
-            _ => None,
-        })
-        .collect()
-}
-
-fn host_address(index: u32, ip: IpAddr) -> AddressMessage {
-    let mut message = AddressMessage::default();
-    message.header.index = index;
-    match ip {
-        IpAddr::V4(_) => {
-            message.header.family = AddressFamily::Inet;
-            message.header.prefix_len = 32;
-        }
-        IpAddr::V6(_) => {
-            message.header.family = AddressFamily::Inet6;
-            message.header.prefix_len = 128;
-            // No duplicate address detection: the VIP is usable at once.
-            message.header.flags = AddressHeaderFlags::Nodad;
-        }
-    }
-    message.attributes.push(AddressAttribute::Local(ip));
-    message.attributes.push(AddressAttribute::Address(ip));
-    message
-}
-
 impl IpvsKernel for NetlinkKernel {
     fn services(&mut self) -> Result<Vec<IpvsService>, DataplaneError> {
         let (socket, id) = self.ipvs()?;
         let bytes = socket
             .dump(encode::list_services(id, 0))
-            .map_err(|e| io_error("listing IPVS services", e))?;
+            .map_err(|e| DataplaneError::io("listing IPVS services", e))?;
         Ok(Self::decode_ipvs(&bytes, id)?
             .into_iter()
             .filter_map(|m| match m.body {
@@ -446,7 +365,7 @@ impl IpvsKernel for NetlinkKernel {
         let bytes = socket
             .dump(encode::list_destinations(id, 0, service))
             .map_err(|e| {
-                io_error(
+                DataplaneError::io(
                     format!("listing the real servers of {}", describe_service(service)),
                     e,
                 )
@@ -467,115 +386,23 @@ impl IpvsKernel for NetlinkKernel {
         let (socket, id) = self.ipvs()?;
         socket
             .transact(ops.iter().map(|op| op.encode(id)))
-            .map_err(|e| io_error("sending IPVS changes", e))
+            .map_err(|e| DataplaneError::io("sending IPVS changes", e))
     }
 
     fn link_index(&mut self, name: &str) -> Result<Option<u32>, DataplaneError> {
-        let socket = self.route()?;
-        let mut message = LinkMessage::default();
-        message
-            .attributes
-            .push(LinkAttribute::IfName(name.to_owned()));
-        let request = route_message(RouteNetlinkMessage::GetLink(message), NLM_F_REQUEST);
-        match socket.request(request) {
-            Ok(reply) => Ok(parse_route(&reply).into_iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(link) => Some(link.header.index),
-                _ => None,
-            })),
-            // ENODEV: no such interface.
-            Err(e) if e.raw_os_error() == Some(19) => Ok(None),
-            Err(e) => Err(io_error(format!("looking up interface {name}"), e)),
-        }
+        self.links()?.link_index(name)
     }
 
     fn create_dummy(&mut self, name: &str) -> Result<u32, DataplaneError> {
-        let socket = self.route()?;
-        let mut message = LinkMessage::default();
-        message
-            .attributes
-            .push(LinkAttribute::IfName(name.to_owned()));
-        message
-            .attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
-                InfoKind::Dummy,
-            )]));
-        let request = route_message(
-            RouteNetlinkMessage::NewLink(message),
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-        );
-        let errno = socket
-            .transact([request])
-            .map_err(|e| io_error(format!("creating dummy interface {name}"), e))?;
-        match errno.first() {
-            Some(0) | Some(-17) => {}
-            Some(&e) => {
-                return Err(io_error(
-                    format!("creating dummy interface {name} (is the dummy module available?)"),
-                    socket::errno_error(e),
-                ));
-            }
-            None => {}
-        }
-        self.link_index(name)?.ok_or_else(|| {
-            io_error(
-                format!("creating dummy interface {name}"),
-                io::Error::other("created but not found"),
-            )
-        })
+        self.links()?.create_dummy(name)
     }
 
     fn delete_link(&mut self, index: u32) -> Result<(), DataplaneError> {
-        let socket = self.route()?;
-        let mut message = LinkMessage::default();
-        message.header.index = index;
-        let request = route_message(
-            RouteNetlinkMessage::DelLink(message),
-            NLM_F_REQUEST | NLM_F_ACK,
-        );
-        let errno = socket
-            .transact([request])
-            .map_err(|e| io_error(format!("deleting interface {index}"), e))?;
-        match errno.first() {
-            Some(0) | Some(-19) | None => Ok(()),
-            Some(&e) => Err(io_error(
-                format!("deleting interface {index}"),
-                socket::errno_error(e),
-            )),
-        }
+        self.links()?.delete_link(index)
     }
 
     fn addresses(&mut self) -> Result<Vec<InterfaceAddress>, DataplaneError> {
-        let socket = self.route()?;
-        let request = route_message(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-        );
-        let bytes = socket
-            .dump(request)
-            .map_err(|e| io_error("listing interface addresses", e))?;
-        Ok(parse_route(&bytes)
-            .into_iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewAddress(a) => {
-                    let ip = a.attributes.iter().find_map(|attr| match attr {
-                        AddressAttribute::Local(ip) => Some(*ip),
-                        _ => None,
-                    });
-                    let ip = ip.or_else(|| {
-                        a.attributes.iter().find_map(|attr| match attr {
-                            AddressAttribute::Address(ip) => Some(*ip),
-                            _ => None,
-                        })
-                    })?;
-                    Some(InterfaceAddress {
-                        index: a.header.index,
-                        ip,
-                        prefix_len: a.header.prefix_len,
-                    })
-                }
-                _ => None,
-            })
-            .collect())
+        self.links()?.addresses()
     }
 
     fn change_addresses(
@@ -587,9 +414,7 @@ impl IpvsKernel for NetlinkKernel {
         if addresses.is_empty() {
             return Ok(Vec::new());
         }
-        self.route()?
-            .transact(address_requests(index, addresses, add))
-            .map_err(|e| io_error("changing interface addresses", e))
+        self.links()?.change_addresses(index, addresses, add)
     }
 
     fn begin_address_changes(
@@ -598,71 +423,53 @@ impl IpvsKernel for NetlinkKernel {
         addresses: Vec<IpAddr>,
         add: bool,
     ) -> AddressChanges {
-        if let Err(e) = self.route() {
+        if let Err(e) = self.links() {
             return AddressChanges::Done(Err(e));
         }
-        let Some(mut socket) = self.route.take() else {
-            return AddressChanges::Done(Err(io_error(
+        match self.links.take() {
+            // The links stay in their namespace whichever thread uses them.
+            Some(links) => links.spawn_address_changes(index, addresses, add),
+            None => AddressChanges::Done(Err(DataplaneError::io(
                 "rtnetlink socket",
                 io::Error::other("not open"),
-            )));
-        };
-        // The socket stays in its namespace whichever thread uses it.
-        AddressChanges::Running(std::thread::spawn(move || {
-            let result = socket.transact(address_requests(index, &addresses, add));
-            (socket, result)
-        }))
+            ))),
+        }
     }
 
     fn finish_address_changes(
         &mut self,
         pending: AddressChanges,
     ) -> Result<Vec<i32>, DataplaneError> {
-        match pending {
-            AddressChanges::Done(result) => result,
-            AddressChanges::Running(thread) => {
-                let (socket, result) = thread.join().map_err(|_| {
-                    io_error(
-                        "changing interface addresses",
-                        io::Error::other("the address thread panicked"),
-                    )
-                })?;
-                self.route = Some(socket);
-                result.map_err(|e| io_error("changing interface addresses", e))
-            }
+        let (links, result) = pending.wait();
+        if links.is_some() {
+            self.links = links;
         }
+        result
     }
 
     fn read_sysctl(&mut self, name: &str) -> Result<Option<String>, DataplaneError> {
-        let path = format!("/proc/sys/{name}");
-        match self.in_own_namespace(|| std::fs::read_to_string(&path)) {
-            Ok(text) => Ok(Some(text.trim().to_owned())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_error(format!("reading {path}"), e)),
-        }
+        sysctl::read(self.netns.as_deref(), name)
     }
 
     fn write_sysctl(&mut self, name: &str, value: &str) -> Result<(), DataplaneError> {
-        let path = format!("/proc/sys/{name}");
-        self.in_own_namespace(|| std::fs::write(&path, value))
-            .map_err(|e| io_error(format!("writing {value} to {path}"), e))
+        sysctl::write(self.netns.as_deref(), name, value)
     }
 
     fn set_ops(&mut self, ops: &[SetOp<'_>]) -> Result<Vec<i32>, DataplaneError> {
         self.ipset()?
             .execute(ops)
-            .map_err(|e| io_error("changing ipsets over netlink", e))
+            .map_err(|e| DataplaneError::io("changing ipsets over netlink", e))
     }
 
     fn sets(&mut self) -> Result<Sets, DataplaneError> {
         self.ipset()?
             .list()
-            .map_err(|e| io_error("listing ipsets over netlink", e))
+            .map_err(|e| DataplaneError::io("listing ipsets over netlink", e))
     }
 
     fn set_names(&mut self) -> Result<Vec<String>, DataplaneError> {
         self.ipset()?
             .names()
-            .map_err(|e| io_error("listing ipset names over netlink", e))
+            .map_err(|e| DataplaneError::io("listing ipset names over netlink", e))
     }
 }
