@@ -1,20 +1,40 @@
-//! Links and addresses over rtnetlink: the dummy interface that holds the ipvs mode's
-//! VIPs, the addresses on it, and every address of the node.
+//! Links and addresses over rtnetlink (the `rtnetlink` crate): the dummy interface that
+//! holds the ipvs mode's VIPs, the addresses on it, and every address of the node.
+//!
+//! Lookups, the dummy interface and the address dump go through [`rtnetlink::Handle`].
+//! Adding or removing many addresses at once (a first apply adds 10,000 VIPs) goes
+//! through a second connection of the same crate ([`rtnetlink::proto`]) in batches:
+//! many requests in one datagram, only the last one acked, as the `Handle` (one request,
+//! one datagram, one ack at a time) cannot. The kernel answers every failure of a batch
+//! on its own, so each address still gets its errno.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::{StreamExt, TryStreamExt};
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
-use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::protocols::NETLINK_ROUTE;
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
+use rtnetlink::proto::sys::protocols::NETLINK_ROUTE;
+use rtnetlink::proto::sys::{AsyncSocket, SocketAddr};
+use rtnetlink::proto::{ConnectionHandle, ReplyExpectation};
+use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
+use tokio::runtime::Runtime;
 
 use crate::kernel::error::DataplaneError;
-use crate::kernel::netlink::socket::{self, NetlinkSocket};
+use crate::kernel::netlink::socket::errno_error;
+
+/// Address requests per batch. Only failures and the batch's last request are answered,
+/// each answer holding up to a kilobyte of the receive buffer until it is read: a batch
+/// of failures fits.
+const ADDRESSES_PER_BATCH: usize = 256;
+/// Receive buffer asked of the kernel for the batch connection.
+const RECEIVE_BUFFER: usize = 4 * 1024 * 1024;
+/// `ENOBUFS`: answers were lost to a full receive buffer.
+const ENOBUFS: i32 = 105;
 
 /// An address on an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -57,21 +77,61 @@ fn changing(source: io::Error) -> DataplaneError {
     DataplaneError::io("changing interface addresses", source)
 }
 
-/// An rtnetlink socket of one network namespace (the one it was opened in, whichever
-/// thread uses it).
+/// rtnetlink connections in one network namespace: the one they were opened in,
+/// whichever thread uses them. They run on a runtime of their own, a current-thread one
+/// driven only while a call waits for the kernel, so these calls block and must not be
+/// made from async code.
 #[derive(Debug)]
 pub struct Links {
-    socket: NetlinkSocket,
+    runtime: Runtime,
+    handle: Handle,
+    batches: ConnectionHandle<RouteNetlinkMessage>,
+    /// Answers to requests nobody waits for: the failures of a batch.
+    unsolicited: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+}
+
+/// The (negative) errno of a refused request, or the error when the kernel was not asked.
+fn errno_of(error: rtnetlink::Error) -> io::Result<i32> {
+    match error {
+        rtnetlink::Error::NetlinkError(message) => Ok(message.code.map_or(0, |c| c.get())),
+        other => Err(io::Error::other(other)),
+    }
+}
+
+/// `result` as an errno: 0 when done.
+fn errno(result: Result<(), rtnetlink::Error>) -> io::Result<i32> {
+    result.map_or_else(errno_of, |()| Ok(0))
 }
 
 impl Links {
-    /// Opens an rtnetlink socket in the calling thread's network namespace.
+    /// Opens the connections in the calling thread's network namespace.
     ///
     /// # Errors
-    /// When the socket cannot be opened or bound.
+    /// When their runtime cannot be built or a socket cannot be opened or bound.
     pub fn open() -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        // The sockets register with the runtime that drives them.
+        let entered = runtime.enter();
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        runtime.spawn(connection);
+        let (mut connection, batches, unsolicited) =
+            rtnetlink::proto::new_connection::<RouteNetlinkMessage>(NETLINK_ROUTE)?;
+        let socket = connection.socket_mut().socket_mut();
+        // Failures carry only the request's header, not the whole request back.
+        socket.set_cap_ack(true)?;
+        // Best effort: the default is enough for most batches.
+        let _ = socket.set_rx_buf_sz(RECEIVE_BUFFER);
+        // The last ack of a batch tells its sequence numbers.
+        connection.set_forward_ack(true);
+        runtime.spawn(connection);
+        drop(entered);
         Ok(Self {
-            socket: NetlinkSocket::open(NETLINK_ROUTE)?,
+            runtime,
+            handle,
+            batches,
+            unsolicited,
         })
     }
 
@@ -80,22 +140,26 @@ impl Links {
     /// # Errors
     /// When links cannot be listed.
     pub fn link_index(&mut self, name: &str) -> Result<Option<u32>, DataplaneError> {
-        let mut message = LinkMessage::default();
-        message
-            .attributes
-            .push(LinkAttribute::IfName(name.to_owned()));
-        let request = route_message(RouteNetlinkMessage::GetLink(message), NLM_F_REQUEST);
-        match self.socket.request(request) {
-            Ok(reply) => Ok(parse_route(&reply).into_iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(link) => Some(link.header.index),
-                _ => None,
-            })),
-            // ENODEV: no such interface.
-            Err(e) if e.raw_os_error() == Some(19) => Ok(None),
-            Err(e) => Err(DataplaneError::io(
-                format!("looking up interface {name}"),
-                e,
-            )),
+        let request = self.handle.link().get().match_name(name).execute();
+        let found = self.runtime.block_on(async move {
+            let mut links = std::pin::pin!(request);
+            let link = links.try_next().await?;
+            Ok(link.map(|l| l.header.index))
+        });
+        match found {
+            Ok(index) => Ok(index),
+            Err(e) => match errno_of(e) {
+                // ENODEV: no such interface.
+                Ok(-19) => Ok(None),
+                Ok(errno) => Err(DataplaneError::io(
+                    format!("looking up interface {name}"),
+                    errno_error(errno),
+                )),
+                Err(e) => Err(DataplaneError::io(
+                    format!("looking up interface {name}"),
+                    e,
+                )),
+            },
         }
     }
 
@@ -104,32 +168,19 @@ impl Links {
     /// # Errors
     /// When it cannot be created.
     pub fn create_dummy(&mut self, name: &str) -> Result<u32, DataplaneError> {
-        let mut message = LinkMessage::default();
-        message
-            .attributes
-            .push(LinkAttribute::IfName(name.to_owned()));
-        message
-            .attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
-                InfoKind::Dummy,
-            )]));
-        let request = route_message(
-            RouteNetlinkMessage::NewLink(message),
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-        );
-        let errno = self
-            .socket
-            .transact([request])
+        let request = self
+            .handle
+            .link()
+            .add(LinkDummy::new(name).build())
+            .execute();
+        let errno = errno(self.runtime.block_on(request))
             .map_err(|e| DataplaneError::io(format!("creating dummy interface {name}"), e))?;
-        match errno.first() {
-            Some(0) | Some(-17) => {}
-            Some(&e) => {
-                return Err(DataplaneError::io(
-                    format!("creating dummy interface {name} (is the dummy module available?)"),
-                    socket::errno_error(e),
-                ));
-            }
-            None => {}
+        // EEXIST: it is there already.
+        if errno != 0 && errno != -17 {
+            return Err(DataplaneError::io(
+                format!("creating dummy interface {name} (is the dummy module available?)"),
+                errno_error(errno),
+            ));
         }
         self.link_index(name)?.ok_or_else(|| {
             DataplaneError::io(
@@ -144,21 +195,15 @@ impl Links {
     /// # Errors
     /// When it cannot be deleted.
     pub fn delete_link(&mut self, index: u32) -> Result<(), DataplaneError> {
-        let mut message = LinkMessage::default();
-        message.header.index = index;
-        let request = route_message(
-            RouteNetlinkMessage::DelLink(message),
-            NLM_F_REQUEST | NLM_F_ACK,
-        );
-        let errno = self
-            .socket
-            .transact([request])
+        let request = self.handle.link().del(index).execute();
+        let errno = errno(self.runtime.block_on(request))
             .map_err(|e| DataplaneError::io(format!("deleting interface {index}"), e))?;
-        match errno.first() {
-            Some(0) | Some(-19) | None => Ok(()),
-            Some(&e) => Err(DataplaneError::io(
+        match errno {
+            // ENODEV: already gone.
+            0 | -19 => Ok(()),
+            errno => Err(DataplaneError::io(
                 format!("deleting interface {index}"),
-                socket::errno_error(e),
+                errno_error(errno),
             )),
         }
     }
@@ -168,35 +213,29 @@ impl Links {
     /// # Errors
     /// When addresses cannot be listed.
     pub fn addresses(&mut self) -> Result<Vec<InterfaceAddress>, DataplaneError> {
-        let request = route_message(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-        );
-        let bytes = self
-            .socket
-            .dump(request)
-            .map_err(|e| DataplaneError::io("listing interface addresses", e))?;
-        Ok(parse_route(&bytes)
-            .into_iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewAddress(a) => {
-                    let ip = a.attributes.iter().find_map(|attr| match attr {
-                        AddressAttribute::Local(ip) => Some(*ip),
+        let request = self.handle.address().get().execute();
+        let messages: Vec<AddressMessage> = self
+            .runtime
+            .block_on(request.try_collect())
+            .map_err(|e| DataplaneError::io("listing interface addresses", io::Error::other(e)))?;
+        Ok(messages
+            .iter()
+            .filter_map(|a| {
+                let ip = a.attributes.iter().find_map(|attr| match attr {
+                    AddressAttribute::Local(ip) => Some(*ip),
+                    _ => None,
+                });
+                let ip = ip.or_else(|| {
+                    a.attributes.iter().find_map(|attr| match attr {
+                        AddressAttribute::Address(ip) => Some(*ip),
                         _ => None,
-                    });
-                    let ip = ip.or_else(|| {
-                        a.attributes.iter().find_map(|attr| match attr {
-                            AddressAttribute::Address(ip) => Some(*ip),
-                            _ => None,
-                        })
-                    })?;
-                    Some(InterfaceAddress {
-                        index: a.header.index,
-                        ip,
-                        prefix_len: a.header.prefix_len,
                     })
-                }
-                _ => None,
+                })?;
+                Some(InterfaceAddress {
+                    index: a.header.index,
+                    ip,
+                    prefix_len: a.header.prefix_len,
+                })
             })
             .collect())
     }
@@ -212,12 +251,28 @@ impl Links {
         addresses: &[IpAddr],
         add: bool,
     ) -> Result<Vec<i32>, DataplaneError> {
-        if addresses.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.socket
-            .transact(address_requests(index, addresses, add))
+        self.send_address_changes(index, addresses, add)
             .map_err(changing)
+    }
+
+    /// The requests of [`Links::change_addresses`], in batches.
+    fn send_address_changes(
+        &mut self,
+        index: u32,
+        addresses: &[IpAddr],
+        add: bool,
+    ) -> io::Result<Vec<i32>> {
+        let mut results = Vec::with_capacity(addresses.len());
+        for chunk in addresses.chunks(ADDRESSES_PER_BATCH) {
+            let requests = chunk.iter().map(|ip| host_address_request(index, *ip, add));
+            let batch = self.runtime.block_on(send_batch(
+                &self.batches,
+                &mut self.unsolicited,
+                requests.collect(),
+            ))?;
+            results.extend(batch);
+        }
+        Ok(results)
     }
 
     /// [`Links::change_addresses`] on a thread of its own, which owns these links until
@@ -230,72 +285,111 @@ impl Links {
         add: bool,
     ) -> AddressChanges {
         AddressChanges::Running(std::thread::spawn(move || {
-            let result = self
-                .socket
-                .transact(address_requests(index, &addresses, add));
+            let result = self.send_address_changes(index, &addresses, add);
             (self, result)
         }))
     }
 }
 
-/// The rtnetlink requests that add or remove host addresses on interface `index`.
-fn address_requests(
-    index: u32,
-    addresses: &[IpAddr],
-    add: bool,
-) -> impl Iterator<Item = Vec<u8>> + '_ {
-    addresses.iter().map(move |ip| {
-        let message = host_address(index, *ip);
-        if add {
-            route_message(
-                RouteNetlinkMessage::NewAddress(message),
-                NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-            )
-        } else {
-            route_message(
-                RouteNetlinkMessage::DelAddress(message),
-                NLM_F_REQUEST | NLM_F_ACK,
-            )
-        }
-    })
-}
-
-fn route_message(message: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
-}
-
-fn parse_route(bytes: &[u8]) -> Vec<RouteNetlinkMessage> {
-    socket::messages(bytes)
-        .filter_map(|m| NetlinkMessage::<RouteNetlinkMessage>::deserialize(m.bytes).ok())
-        .filter_map(|m| match m.payload {
-            NetlinkPayload::InnerMessage(inner) => Some(inner),
-            _ => None,
-        })
-        .collect()
-}
-
-fn host_address(index: u32, ip: IpAddr) -> AddressMessage {
-    let mut message = AddressMessage::default();
-    message.header.index = index;
-    match ip {
-        IpAddr::V4(_) => {
-            message.header.family = AddressFamily::Inet;
-            message.header.prefix_len = 32;
-        }
-        IpAddr::V6(_) => {
-            message.header.family = AddressFamily::Inet6;
-            message.header.prefix_len = 128;
+/// The request that adds or removes host address `ip` on interface `index`.
+fn host_address_request(index: u32, ip: IpAddr, add: bool) -> NetlinkMessage<RouteNetlinkMessage> {
+    let message = match ip {
+        IpAddr::V4(ip) => AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(ip, 32)
+            .build(),
+        IpAddr::V6(ip) => {
+            let mut message = AddressMessageBuilder::<Ipv6Addr>::new()
+                .index(index)
+                .address(ip, 128)
+                .build();
             // No duplicate address detection: the VIP is usable at once.
             message.header.flags = AddressHeaderFlags::Nodad;
+            message
+        }
+    };
+    let (payload, flags) = if add {
+        (
+            RouteNetlinkMessage::NewAddress(message),
+            NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+        )
+    } else {
+        (RouteNetlinkMessage::DelAddress(message), NLM_F_REQUEST)
+    };
+    let mut request = NetlinkMessage::from(payload);
+    request.header.flags = flags;
+    request
+}
+
+/// The code of an answer: 0 for an ack, a negative errno for a failure.
+fn answer_code(message: &NetlinkMessage<RouteNetlinkMessage>) -> Option<i32> {
+    match &message.payload {
+        NetlinkPayload::Error(error) => Some(error.code.map_or(0, |c| c.get())),
+        _ => None,
+    }
+}
+
+/// Sends `requests` in one datagram, only the last asking for an ack, and returns each
+/// one's errno (0: done). The kernel handles them in order and answers every failure
+/// (those come in as unsolicited messages, by sequence number) before the last ack.
+async fn send_batch(
+    connection: &ConnectionHandle<RouteNetlinkMessage>,
+    unsolicited: &mut UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    requests: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+) -> io::Result<Vec<i32>> {
+    let count = requests.len();
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let batch = requests.into_iter().enumerate().map(|(i, mut request)| {
+        if i + 1 == count {
+            request.header.flags |= NLM_F_ACK;
+            (request, ReplyExpectation::Expected)
+        } else {
+            (request, ReplyExpectation::NotExpected)
+        }
+    });
+    let mut answers = connection
+        .request_batch_with_expectation(batch, SocketAddr::new(0, 0))
+        .map_err(io::Error::other)?;
+    let mut results = vec![0; count];
+    let mut last = None;
+    let mut failures = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            answer = answers.next() => match answer {
+                Some(message) => {
+                    last = Some(message.header.sequence_number);
+                    if let (Some(code), Some(slot)) = (answer_code(&message), results.last_mut()) {
+                        *slot = code;
+                    }
+                }
+                None => break,
+            },
+            Some((message, _)) = unsolicited.next() => {
+                if matches!(message.payload, NetlinkPayload::Overrun(_)) {
+                    return Err(io::Error::from_raw_os_error(ENOBUFS));
+                }
+                if let Some(code) = answer_code(&message) {
+                    failures.push((message.header.sequence_number, code));
+                }
+            }
         }
     }
-    message.attributes.push(AddressAttribute::Local(ip));
-    message.attributes.push(AddressAttribute::Address(ip));
-    message
+    let last = last.ok_or_else(|| io::Error::other("the rtnetlink connection closed"))?;
+    // Failures read with the last ack, still queued.
+    while let Ok((message, _)) = unsolicited.try_recv() {
+        if let Some(code) = answer_code(&message) {
+            failures.push((message.header.sequence_number, code));
+        }
+    }
+    let first = last.wrapping_sub(count as u32 - 1);
+    for (seq, code) in failures {
+        let index = seq.wrapping_sub(first) as usize;
+        if let Some(slot) = results.get_mut(index).filter(|_| index < count - 1) {
+            *slot = code;
+        }
+    }
+    Ok(results)
 }
