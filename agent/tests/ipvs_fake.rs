@@ -17,10 +17,8 @@ use proxyplan_agent::kernel::command::fake::FakeKernel;
 use proxyplan_agent::kernel::ipset::SetEntry;
 use proxyplan_agent::kernel::ipvs::FakeIpvsKernel;
 use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
-use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::render::{
-    IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
-};
+use proxyplan_agent::modes::ipvs::render::{IpvsState, VirtualServer, VirtualServerKey, render};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::ruleset::Ruleset;
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,

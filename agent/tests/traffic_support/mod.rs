@@ -35,8 +35,7 @@ use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_agent::modes::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::modes::ipvs::render::IpvsSettings;
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::run::ProxyMode;
 
 /// The node's address towards `ext`.

@@ -21,10 +21,9 @@ use std::sync::Arc;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
-use super::render::{
-    Contribution, NodeContext, Role, SetId, VirtualServer, VirtualServerKey, contribute,
-};
+use super::render::{Contribution, NodeContext, VirtualServer, VirtualServerKey, contribute};
 use super::set_changes::SetChanges;
+use super::sets::{Role, SetId};
 use crate::kernel::ipset::{IpSet, SetEntry, SetOp, Sets};
 
 /// What an update changes in the kernel.

@@ -1,12 +1,18 @@
 //! The changes between the ipsets the ipvs mode wants and those the kernel holds, as
-//! [`SetOp`]s in the order they are sent.
+//! [`SetOp`]s in the order they are sent, and their sending.
 
 #[cfg(test)]
 use std::collections::BTreeSet;
 
+use super::servers::OPS_PER_ROUND;
+use crate::kernel::error::DataplaneError;
 #[cfg(test)]
 use crate::kernel::ipset::Sets;
-use crate::kernel::ipset::{SetEntry, SetOp, SetSpec};
+use crate::kernel::ipset::{self, SetEntry, SetOp, SetSpec};
+use crate::kernel::ipvs::IpvsKernel;
+
+/// Set changes written out in a sync's report (a dry run writes all).
+const SET_LINES_SHOWN: usize = 1000;
 
 /// One change to the agent's sets; the set is an index into [`SetChanges::names`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +157,72 @@ impl SetChanges {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.before.is_empty() && self.after.is_empty()
+    }
+}
+
+/// Sends set operations over netlink in rounds and writes them to `payload` (in full
+/// for a dry run, else only the first [`SET_LINES_SHOWN`]); returns how many there
+/// were. Taking them as they come, a first apply's 150,000 additions are never all in
+/// memory at once.
+pub(super) fn send<'a>(
+    kernel: &mut impl IpvsKernel,
+    ops: impl Iterator<Item = SetOp<'a>>,
+    dry_run: bool,
+    payload: &mut String,
+) -> Result<usize, DataplaneError> {
+    let mut count = 0;
+    let mut failures = Vec::new();
+    let mut failed = 0;
+    let mut round: Vec<SetOp<'a>> = Vec::new();
+    let mut ops = ops.peekable();
+    while ops.peek().is_some() {
+        round.clear();
+        round.extend(ops.by_ref().take(OPS_PER_ROUND));
+        for op in &round {
+            if count == 0 {
+                payload.push_str("# ipset (netlink), as `ipset restore -exist` would take it\n");
+            }
+            count += 1;
+            if dry_run || count <= SET_LINES_SHOWN {
+                payload.push_str(&op.to_string());
+                payload.push('\n');
+            }
+        }
+        if dry_run {
+            continue;
+        }
+        let results = kernel.set_ops(&round)?;
+        for (op, errno) in round.iter().zip(results) {
+            // Deleting an entry that is already gone is done.
+            let done =
+                errno == 0 || (matches!(op, SetOp::Del(..)) && errno == -ipset::IPSET_ERR_EXIST);
+            if done {
+                continue;
+            }
+            failed += 1;
+            if failures.len() < 5 {
+                let hint = if matches!(op, SetOp::Create { .. }) && errno == -17 {
+                    " (a set of that name exists with another type or family: run \
+                 `proxyplan-agent cleanup --mode ipvs` and restart the agent)"
+                } else {
+                    ""
+                };
+                failures.push(format!("{op}: {}{hint}", ipset::error_name(errno)));
+            }
+        }
+    }
+    if !dry_run && count > SET_LINES_SHOWN {
+        payload.push_str(&format!(
+            "# ... {} more set changes not shown\n",
+            count - SET_LINES_SHOWN
+        ));
+    }
+    match failures.first() {
+        None => Ok(count),
+        Some(first) => Err(DataplaneError::Io {
+            context: format!("the kernel refused {failed} ipset change(s), first: {first}"),
+            source: std::io::Error::other(failures.join("; ")),
+        }),
     }
 }
 
