@@ -16,7 +16,7 @@ use proxyplan_crds::{IpFamily, MergedPlan};
 
 use super::cache::FamilyCache;
 use super::render::FamilyInputs;
-use super::render::RenderSettings;
+use super::settings::RenderSettings;
 use crate::conntrack::{EntryChange, UdpTracker};
 use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::kernel::command::Runner;
@@ -284,7 +284,7 @@ impl<R: Runner> IptablesDataplane<R> {
         }
         let changed = delta.changes();
         let rules = delta.rule_count();
-        let entries = delta.entry_changes(&state.cache);
+        let entries = state.cache.entry_changes(&delta);
         if changed > 0 {
             report.push(&family_header(self.backend, family));
             if dry_run {
