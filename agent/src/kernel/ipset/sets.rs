@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use crate::kernel::ipvs::uapi::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Name prefix of the agent's IPv4 (and bitmap) sets.
 pub const PREFIX_V4: &str = "PROXYPLAN-";
