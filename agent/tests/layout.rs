@@ -49,6 +49,9 @@ struct Module {
     file: String,
 }
 
+/// File → file imports, each with the paths that make it.
+type Edges = BTreeMap<(String, String), Vec<String>>;
+
 /// One import: the file it is in, the path as written (resolved to absolute segments).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Import {
@@ -225,10 +228,7 @@ fn modules(src: &Path) -> Vec<Module> {
 fn read_tree(tokens: &[String], mut at: usize, prefix: Vec<String>) -> (Vec<Vec<String>>, usize) {
     let mut path = prefix;
     let mut leaves = Vec::new();
-    loop {
-        let Some(token) = tokens.get(at) else {
-            break;
-        };
+    while let Some(token) = tokens.get(at) {
         if token == "{" {
             at += 1;
             loop {
@@ -406,7 +406,7 @@ fn allowed(from: &str, to: &str) -> bool {
 }
 
 /// Rule breaks among `edges` (file → file, with the path that made the edge).
-fn violations(edges: &BTreeMap<(String, String), Vec<String>>) -> Vec<String> {
+fn violations(edges: &Edges) -> Vec<String> {
     let mut out = Vec::new();
     for ((from, to), paths) in edges {
         let (lf, lt) = (layer(from), layer(to));
@@ -429,7 +429,7 @@ fn violations(edges: &BTreeMap<(String, String), Vec<String>>) -> Vec<String> {
 }
 
 /// Circles between files: the strongly connected components with more than one file.
-fn circles(edges: &BTreeMap<(String, String), Vec<String>>) -> Vec<Vec<String>> {
+fn circles(edges: &Edges) -> Vec<Vec<String>> {
     let mut graph: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (from, to) in edges.keys() {
         graph.entry(from).or_default().push(to);
@@ -492,11 +492,11 @@ fn circles(edges: &BTreeMap<(String, String), Vec<String>>) -> Vec<Vec<String>> 
 }
 
 /// The file → file edges of the library, each with the paths that make it.
-fn edges() -> (Vec<Module>, BTreeMap<(String, String), Vec<String>>) {
+fn edges() -> (Vec<Module>, Edges) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let modules = modules(&src);
     let known: BTreeSet<Vec<String>> = modules.iter().map(|m| m.path.clone()).collect();
-    let mut edges: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut edges: Edges = BTreeMap::new();
     for module in &modules {
         let text = std::fs::read_to_string(src.join(&module.file)).unwrap();
         for import in imports(module, &text, &known) {

@@ -162,7 +162,7 @@ pub fn decode_list_message(bytes: &[u8]) -> Result<ListMessage> {
     })
 }
 
-/// Decodes every listing message of a dump's bytes (as [`NetlinkSocket::dump`] returns
+/// Decodes every listing message of a dump's bytes (as [`crate::kernel::netlink::socket::NetlinkSocket::dump`] returns
 /// them: back to back, 4-aligned, without `NLMSG_DONE`).
 ///
 /// # Errors
@@ -236,7 +236,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<SetRequest> {
 
 /// Adds one listing message to `sets`: the first message of an owned set of a type of
 /// ours starts it, every message adds its entries. Sets we do not own are skipped; owned
-/// sets of other types too, as [`super::ipset::parse_save`] skips them.
+/// sets of other types too, as [`super::sets::parse_save`] skips them.
 pub fn merge_listing(sets: &mut Sets, msg: &ListMessage) {
     if !is_owned(&msg.name) {
         return;

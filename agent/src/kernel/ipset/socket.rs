@@ -93,7 +93,7 @@ impl IpsetNetlink {
     /// Every set whose name [`is_owned`], with its spec and entries: one dump of the
     /// names, then one dump per owned set (sets of others are never read, however
     /// large). A set destroyed in between is left out; one of a type we do not create
-    /// too, as [`super::ipset::parse_save`] does. Entries are kept whatever their
+    /// too, as [`super::sets::parse_save`] does. Entries are kept whatever their
     /// protocol (`parse_save` drops those it cannot spell: none of ours).
     ///
     /// # Errors

@@ -136,7 +136,7 @@ pub const IPSET_ERR_MISSING_PROTO: i32 = 4355;
 /// `IPSET_ERR_BITMAP_RANGE` (`IPSET_ERR_TYPE_SPECIFIC` of bitmaps): out of the set's range.
 pub const IPSET_ERR_BITMAP_RANGE: i32 = 4352;
 
-/// The name of an errno as [`IpsetNetlink::execute`] returns it (negative or positive),
+/// The name of an errno as [`super::socket::IpsetNetlink::execute`] returns it (negative or positive),
 /// for logs: `"IPSET_ERR_EXIST"`, `"ENOENT"`. Type-specific codes (4352 and up) are
 /// named for hash sets, the types that can return them from an Add.
 #[must_use]

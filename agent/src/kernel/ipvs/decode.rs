@@ -284,7 +284,7 @@ fn decode_body(message_type: u16, payload: &[u8], ipvs_family_id: u16) -> Result
 }
 
 /// Decodes every message in `buf` (one `recv` may carry several, as in a dump).
-/// `ipvs_family_id` is the id resolved with [`get_family`]; messages of other types
+/// `ipvs_family_id` is the id resolved with [`super::encode::get_family`]; messages of other types
 /// come back as [`NetlinkBody::Other`]. Fewer bytes left than an `nlmsghdr` are a
 /// truncated header here, not (as [`frame::messages`] says) a bad length.
 pub fn decode(buf: &[u8], ipvs_family_id: u16) -> Result<Vec<NetlinkMessage>> {

@@ -1,5 +1,5 @@
-//! The IPVS generic-netlink messages as typed values, what [`super::encode`] turns into
-//! bytes and [`super::decode`] reads back.
+//! The IPVS generic-netlink messages as typed values, what [`mod@super::encode`] turns into
+//! bytes and [`mod@super::decode`] reads back.
 //!
 //! Layout of every message (native byte order unless noted):
 //!
@@ -73,7 +73,7 @@ pub enum NetlinkBody {
     Ipvs {
         /// genl `cmd`.
         command: IpvsCommand,
-        /// genl `version` ([`IPVS_GENL_VERSION`]).
+        /// genl `version` ([`super::uapi::IPVS_GENL_VERSION`]).
         version: u8,
         /// The nested service and destination.
         attributes: IpvsAttributes,
@@ -81,7 +81,7 @@ pub enum NetlinkBody {
         /// both); the kernel's own replies do not (`nla_nest_start_noflag`).
         nested_flag: bool,
     },
-    /// A message of the generic-netlink controller ([`GENL_ID_CTRL`]).
+    /// A message of the generic-netlink controller ([`super::uapi::GENL_ID_CTRL`]).
     Control(ControlMessage),
     /// `NLMSG_ERROR`: `errno` is 0 for an ack, a negative errno otherwise.
     Error {

@@ -2,7 +2,7 @@
 //!
 //! IPVS has no rtnetlink interface; it is the generic-netlink family `"IPVS"` whose id is
 //! assigned at module load and resolved with `CTRL_CMD_GETFAMILY`. The codec is pure:
-//! [`encode`] turns requests into bytes and [`decode`] kernel replies into typed values
+//! [`mod@encode`] turns requests into bytes and [`mod@decode`] kernel replies into typed values
 //! ([`message`], [`types`], the constants of [`uapi`]), on the netlink framing of
 //! [`crate::kernel::netlink`]; the socket lives at the edge. [`node`] has [`IpvsKernel`],
 //! everything the ipvs mode asks of the kernel, with its real implementation over netlink

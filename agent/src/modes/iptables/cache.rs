@@ -5,21 +5,21 @@
 //!
 //! A sync is two passes over the plan, both entry by entry:
 //!
-//! 1. [`FamilyCache::diff`] hashes every entry and renders only those that differ from
+//! 1. `FamilyCache::diff` hashes every entry and renders only those that differ from
 //!    the cache (all of them on the first sync), compares their chains with what the
-//!    kernel holds, and notes which chains to write or remove: a [`Delta`], no text.
+//!    kernel holds, and notes which chains to write or remove: a `Delta`, no text.
 //!    Right after the kernel was read (first sync, periodic resync, canary, failed
 //!    restore) the comparison is against the chains read; otherwise the kernel holds
 //!    exactly what the cache describes, so it is against the cache.
-//! 2. [`Delta::write_payload`] renders the entries with chains to write again and streams
+//! 2. `Delta::write_payload` renders the entries with chains to write again and streams
 //!    the `iptables-restore --noflush` text, so the payload is never held either.
 //!
-//! [`FamilyCache::commit`] then makes the delta the new cache. The fixed chains collect a
+//! `FamilyCache::commit` then makes the delta the new cache. The fixed chains collect a
 //! rule or two from every entry: they are re-hashed (and rewritten) only when an entry's
 //! part of them changed or entries came or went.
 //!
-//! The records kept per group are in [`super::groups`], the delta and its payload in
-//! [`super::delta`].
+//! The records kept per group are in `groups.rs`, the delta and its payload in
+//! `delta.rs`.
 
 use std::borrow::Cow;
 

@@ -5,7 +5,7 @@
 //! The kernel is read (`iptables-save -t filter`, `-t nat`, per family, line by line) on
 //! the first sync, after the canary says the rules were flushed, after a failed restore
 //! and whenever [`IptablesDataplane::invalidate`] asks for it (the periodic full resync).
-//! Every other sync works from the [`FamilyCache`] of what the last successful restore
+//! Every other sync works from the `FamilyCache` of what the last successful restore
 //! left, and sends only the chains whose revision changed: one `iptables-restore
 //! --noflush` per family, both tables in it, streamed as it is rendered, nothing at all
 //! when nothing changed.

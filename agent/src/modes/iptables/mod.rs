@@ -1,7 +1,7 @@
 //! iptables mode: per-service and per-endpoint chains with statistic-mode balancing and
 //! `recent` affinity.
 //!
-//! - [`render`]: a merged plan to rules ([`settings`]: the agent flags it takes); the
+//! - [`mod@render`]: a merged plan to rules ([`settings`]: the agent flags it takes); the
 //!   fixed chains are built in `builder.rs`, one entry's chains in `entry.rs`.
 //! - [`cache`]: what a sync leaves in the kernel, remembered without rule text (its
 //!   records in `groups.rs`), and the [`cache::RenderCache`] built on it.
