@@ -24,12 +24,11 @@ fn v4(n: u32) -> IpAddr {
 
 #[test]
 fn addresses_change_in_batches_with_an_errno_each() {
-    let ns = match Netns::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return;
-        }
+    let Some(ns) = Netns::create()
+        .map_err(|reason| println!("SKIPPED: {reason}"))
+        .ok()
+    else {
+        return;
     };
     let path = std::path::Path::new("/run/netns").join(&ns.name);
     let mut links = in_namespace(&path, Links::open).expect("open rtnetlink in the namespace");

@@ -300,36 +300,29 @@ impl NetlinkKernel {
     }
 
     fn ipset(&mut self) -> Result<&mut IpsetNetlink, DataplaneError> {
-        if self.ipset.is_none() {
-            let socket = IpsetNetlink::open().map_err(|e| {
+        let socket = match self.ipset.take() {
+            Some(socket) => socket,
+            None => IpsetNetlink::open().map_err(|e| {
                 DataplaneError::io("opening a netfilter netlink socket for ipset", e)
-            })?;
-            self.ipset = Some(socket);
-        }
-        match self.ipset.as_mut() {
-            Some(socket) => Ok(socket),
-            None => Err(DataplaneError::io(
-                "ipset socket",
-                io::Error::other("not open"),
-            )),
+            })?,
+        };
+        Ok(self.ipset.insert(socket))
+    }
+
+    /// The links, opened if need be, taken out of the kernel handle.
+    fn take_links(&mut self) -> Result<Links, DataplaneError> {
+        match self.links.take() {
+            Some(links) => Ok(links),
+            // In the kernel's namespace: the links may have gone with a failed thread.
+            None => self
+                .in_own_namespace(Links::open)
+                .map_err(|e| DataplaneError::io("opening an rtnetlink socket", e)),
         }
     }
 
     fn links(&mut self) -> Result<&mut Links, DataplaneError> {
-        if self.links.is_none() {
-            // In the kernel's namespace: the links may have gone with a failed thread.
-            let links = self
-                .in_own_namespace(Links::open)
-                .map_err(|e| DataplaneError::io("opening an rtnetlink socket", e))?;
-            self.links = Some(links);
-        }
-        match self.links.as_mut() {
-            Some(links) => Ok(links),
-            None => Err(DataplaneError::io(
-                "rtnetlink socket",
-                io::Error::other("not open"),
-            )),
-        }
+        let links = self.take_links()?;
+        Ok(self.links.insert(links))
     }
 
     fn decode_ipvs(bytes: &[u8], family_id: u16) -> Result<Vec<NetlinkMessage>, DataplaneError> {
@@ -423,16 +416,10 @@ impl IpvsKernel for NetlinkKernel {
         addresses: Vec<IpAddr>,
         add: bool,
     ) -> AddressChanges {
-        if let Err(e) = self.links() {
-            return AddressChanges::Done(Err(e));
-        }
-        match self.links.take() {
+        match self.take_links() {
             // The links stay in their namespace whichever thread uses them.
-            Some(links) => links.spawn_address_changes(index, addresses, add),
-            None => AddressChanges::Done(Err(DataplaneError::io(
-                "rtnetlink socket",
-                io::Error::other("not open"),
-            ))),
+            Ok(links) => links.spawn_address_changes(index, addresses, add),
+            Err(e) => AddressChanges::Done(Err(e)),
         }
     }
 

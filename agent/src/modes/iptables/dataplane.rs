@@ -24,7 +24,7 @@ use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
 use crate::ruleset::rules::TableName;
 use crate::ruleset::save::KernelFamily;
-use crate::ruleset::tables::{canary_intact, read_family};
+use crate::ruleset::tables::Tables;
 
 /// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
 /// sync of a large node sends hundreds of megabytes, which are streamed to
@@ -246,6 +246,14 @@ impl<R: Runner> IptablesDataplane<R> {
         self.sent
     }
 
+    /// The agent's tables, through the runner.
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            runner: &self.runner,
+            backend: self.backend,
+        }
+    }
+
     /// Forgets the model: the next sync reads the kernel again (the periodic full
     /// resync).
     pub fn invalidate(&mut self) {
@@ -266,17 +274,21 @@ impl<R: Runner> IptablesDataplane<R> {
         let wanted = !inputs.entries.is_empty();
         let ip = ip_family(family);
         let runner: &dyn Runner = &self.runner;
+        let tables = Tables {
+            runner,
+            backend: self.backend,
+        };
         let state = &mut self.families[index(family)];
         let (mut kernel, mut in_sync) = match state.kernel.take() {
             Some(kernel) => (kernel, state.in_sync),
-            None => (read_family(runner, self.backend, family, wanted)?, false),
+            None => (tables.read_family(family, wanted)?, false),
         };
         let mut delta = state
             .cache
             .diff(inputs, &self.settings, ip, &mut kernel, in_sync);
         if delta.needs_fresh_positions() {
             let inputs = delta.into_inputs();
-            kernel = read_family(runner, self.backend, family, wanted)?;
+            kernel = tables.read_family(family, wanted)?;
             in_sync = false;
             delta = state
                 .cache
@@ -388,7 +400,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 continue;
             }
             for table in [TableName::Nat, TableName::Filter] {
-                if !canary_intact(&self.runner, self.backend, family, table)? {
+                if !self.tables().canary_intact(family, table)? {
                     self.families[index(family)].kernel = None;
                     return Ok(false);
                 }

@@ -38,7 +38,7 @@ use crate::kernel::ipvs::IpvsKernel;
 use crate::ruleset::diff::FamilyDiff;
 use crate::ruleset::rules::{FamilyRules, Ruleset, TableName};
 use crate::ruleset::save::KernelFamily;
-use crate::ruleset::tables::{canary_intact, read_family};
+use crate::ruleset::tables::Tables;
 
 /// New VIPs from which they are added alongside the sets and IPVS changes.
 const ADDRESSES_ALONGSIDE: usize = 256;
@@ -132,6 +132,14 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     #[must_use]
     pub fn draining(&self) -> usize {
         self.draining.len()
+    }
+
+    /// The agent's tables, through the runner.
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            runner: &self.runner,
+            backend: self.backend,
+        }
     }
 
     /// Forgets the model: the next sync reads the kernel again.
@@ -553,11 +561,11 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         let wanted = desired.rule_count() > 0;
         let mut kernel = match self.frame[i].take() {
             Some(kernel) => kernel,
-            None => read_family(&self.runner, self.backend, family, wanted)?,
+            None => self.tables().read_family(family, wanted)?,
         };
         let mut diff = FamilyDiff::new(desired, &kernel);
         if diff.needs_fresh_positions() {
-            kernel = read_family(&self.runner, self.backend, family, wanted)?;
+            kernel = self.tables().read_family(family, wanted)?;
             diff = FamilyDiff::new(desired, &kernel);
         }
         let payload = diff.restore_payload();
@@ -632,7 +640,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
                 continue;
             }
             for table in [TableName::Nat, TableName::Filter] {
-                if !canary_intact(&self.runner, self.backend, family, table)? {
+                if !self.tables().canary_intact(family, table)? {
                     self.frame[index(family)] = None;
                     return Ok(false);
                 }
