@@ -33,10 +33,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
-use proxyplan_agent::iptables::kernel::InputWriter;
-use proxyplan_agent::iptables::{
-    Backend, CommandOutput, CommandRunner, IptablesDataplane, RenderSettings, Runner,
-};
+use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, InputWriter, Runner};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};

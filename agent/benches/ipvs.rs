@@ -29,10 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{BackendChoice, CommandRunner};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::kernel::NetlinkKernel;
-use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{
@@ -286,8 +285,8 @@ fn main() {
 /// kernel and iptables fakes: the planner's change, the merge (unchanged Service plans reused),
 /// and the dataplane's sync down to the (fake) netlink calls.
 fn userspace(services: usize, changes: usize) {
-    use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-    use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
+    use proxyplan_agent::kernel::command::fake::FakeKernel;
+    use proxyplan_agent::kernel::ipvs::FakeIpvsKernel;
     let (mut cluster, mut planner, mut objects) = synthetic(services);
     let start = Instant::now();
     let merged = Arc::new(objects.merged());

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{BackendChoice, CommandRunner, IptablesDataplane, RenderSettings};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::kernel::NetlinkKernel;
-use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
 use proxyplan_crds::TrafficPolicy;
 use proxyplan_crds::runtime::parse_duration;
@@ -374,7 +374,8 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     let merged = read_plan_file(&plan)?;
     print_merged(&merged);
     if rules {
-        let rendered = proxyplan_agent::iptables::render(&merged, &RenderSettings::default());
+        let rendered =
+            proxyplan_agent::modes::iptables::render(&merged, &RenderSettings::default());
         for (tool, family) in [("iptables", &rendered.v4), ("ip6tables", &rendered.v6)] {
             if family.rule_count() > 0 {
                 println!("# {tool}-restore input ({} rules)", family.rule_count());

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use proxyplan_crds::MergedPlan;
 
+pub use crate::kernel::error::DataplaneError;
+
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -20,50 +22,6 @@ pub struct SyncReport {
     /// How long each step of the sync took (ipvs mode: `sets`, `vips`, `ipvs`, ...), for
     /// logs and benchmarks.
     pub phases: Vec<(&'static str, std::time::Duration)>,
-}
-
-/// Why a sync failed. Each variant has a stable short label for metrics and for the
-/// `Degraded` condition's reason.
-#[derive(Debug, thiserror::Error)]
-pub enum DataplaneError {
-    /// A kernel tool (`iptables-restore`, `conntrack`, ...) is missing.
-    #[error("{tool} not found: install it on the node ({hint})")]
-    MissingTool {
-        /// The tool.
-        tool: String,
-        /// What provides it.
-        hint: String,
-    },
-    /// A kernel tool ran and failed.
-    #[error("{tool} failed (exit {code:?}): {stderr}")]
-    ToolFailed {
-        /// The command line.
-        tool: String,
-        /// Exit code.
-        code: Option<i32>,
-        /// What it printed.
-        stderr: String,
-    },
-    /// Any other I/O error talking to the kernel.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
-impl DataplaneError {
-    /// A short stable label (`missing_tool`, `tool_failed`, `io`).
-    #[must_use]
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::MissingTool { .. } => "missing_tool",
-            Self::ToolFailed { .. } => "tool_failed",
-            Self::Io { .. } => "io",
-        }
-    }
 }
 
 /// A proxy mode's kernel programming.

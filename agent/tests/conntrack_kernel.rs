@@ -8,8 +8,8 @@ mod support;
 
 use std::net::IpAddr;
 
-use proxyplan_agent::iptables::conntrack::{Destination, Flow, StaleFlows};
-use proxyplan_agent::iptables::{CommandRunner, Family, Runner};
+use proxyplan_agent::kernel::conntrack::{Destination, Flow, StaleFlows};
+use proxyplan_agent::kernel::{CommandRunner, Family, Runner};
 use support::Netns;
 
 fn ip(text: &str) -> IpAddr {

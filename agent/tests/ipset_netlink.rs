@@ -17,8 +17,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use proxyplan_agent::ipvs::ipset::{self, IpSet, SetEntry, SetSpec, SetType, Sets};
-use proxyplan_agent::ipvs::ipset_netlink::{
+use proxyplan_agent::kernel::ipset::{self, IpSet, SetEntry, SetSpec, SetType, Sets};
+use proxyplan_agent::kernel::ipset::{
     IPSET_ERR_BUSY, IPSET_ERR_EXIST, IPSET_ERR_HASH_FULL, IPSET_ERR_INVALID_CIDR,
     IPSET_ERR_PROTOCOL, IpsetNetlink, SetOp, error_name,
 };

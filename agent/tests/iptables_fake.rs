@@ -7,12 +7,11 @@ mod support;
 use std::collections::BTreeSet;
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
-use proxyplan_agent::iptables::conntrack::Flow;
-use proxyplan_agent::iptables::kernel::fake::{Call, FakeKernel};
-use proxyplan_agent::iptables::kernel::{CommandOutput, Tool, detect_backend};
-use proxyplan_agent::iptables::{
-    Backend, Family, IptablesDataplane, RenderSettings, Runner, names, render,
-};
+use proxyplan_agent::kernel::command::fake::{Call, FakeKernel};
+use proxyplan_agent::kernel::conntrack::Flow;
+use proxyplan_agent::kernel::{Backend, CommandOutput, Family, Runner, Tool, detect_backend};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
+use proxyplan_agent::ruleset::names;
 use support::{chains_of, ep, node_port, plan, service, small_cluster, udp};
 
 fn dataplane(kernel: &FakeKernel) -> IptablesDataplane<FakeKernel> {
@@ -229,7 +228,7 @@ fn base_jumps_are_inserted_only_when_missing_and_keep_render_order() {
                 .base_jumps
                 .iter()
                 .filter(|j| j.chain == chain)
-                .map(|j| proxyplan_agent::iptables::apply::split_words(&j.rule))
+                .map(|j| proxyplan_agent::kernel::iptables::split_words(&j.rule))
                 .collect();
             let Some(have) = held.get(chain) else {
                 continue;
@@ -538,6 +537,6 @@ fn auto_backend_follows_the_rules_the_node_already_has() {
     );
     assert_eq!(
         "legacy".parse(),
-        Ok(proxyplan_agent::iptables::BackendChoice::Legacy)
+        Ok(proxyplan_agent::kernel::BackendChoice::Legacy)
     );
 }

@@ -12,11 +12,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
-use proxyplan_agent::iptables::kernel::{BackendChoice, Tool};
-use proxyplan_agent::iptables::{
-    Backend, CommandOutput, CommandRunner, Family, IptablesDataplane, RenderSettings, Runner,
-    names, render,
+use proxyplan_agent::kernel::{
+    Backend, BackendChoice, CommandOutput, CommandRunner, Family, Runner, Tool,
 };
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
+use proxyplan_agent::ruleset::names;
 use proxyplan_crds::MergedPlan;
 use support::{Netns, chains_of, ep, many_services, plan, service, small_cluster, udp};
 
@@ -156,12 +156,12 @@ fn first_sync_then_nothing(backend: Backend) {
                 have[0][3],
                 format!(
                     "proxyplan-rev:{}",
-                    proxyplan_agent::iptables::TableRules::revision(body)
+                    proxyplan_agent::ruleset::TableRules::revision(body)
                 )
             );
         }
         for jump in &rules.base_jumps {
-            let words = proxyplan_agent::iptables::apply::split_words(&jump.rule);
+            let words = proxyplan_agent::kernel::iptables::split_words(&jump.rule);
             assert!(
                 held[jump.chain].contains(&words),
                 "{table} {}: {}",

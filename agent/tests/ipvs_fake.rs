@@ -12,15 +12,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-use proxyplan_agent::iptables::{BackendChoice, Ruleset};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::ipset::SetEntry;
-use proxyplan_agent::ipvs::kernel::fake::FakeIpvsKernel;
-use proxyplan_agent::ipvs::render::{
-    IpvsSettings, IpvsState, VirtualServer, VirtualServerKey, render,
-};
-use proxyplan_agent::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
+use proxyplan_agent::kernel::BackendChoice;
+use proxyplan_agent::kernel::command::fake::FakeKernel;
+use proxyplan_agent::kernel::ipset::SetEntry;
+use proxyplan_agent::kernel::ipvs::FakeIpvsKernel;
+use proxyplan_agent::kernel::ipvs::{IPPROTO_TCP, IPPROTO_UDP};
+use proxyplan_agent::modes::ipvs::render::{IpvsState, VirtualServer, VirtualServerKey, render};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
+use proxyplan_agent::ruleset::Ruleset;
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, SessionAffinity, TrafficPlan,
     TrafficPolicy,
@@ -288,8 +287,8 @@ fn a_real_server_with_connections_waits_for_them_or_the_grace_period() {
 
 #[test]
 fn a_dry_run_touches_nothing_and_cleanup_leaves_foreign_services() {
-    use proxyplan_agent::ipvs::IpvsService;
-    use proxyplan_agent::ipvs::kernel::{IpvsKernel, IpvsOp};
+    use proxyplan_agent::kernel::ipvs::IpvsService;
+    use proxyplan_agent::kernel::ipvs::{IpvsKernel, IpvsOp};
     let mut kernel = FakeIpvsKernel::new(ip(NODE));
     let foreign = IpvsService::new(IPPROTO_UDP, ip("198.51.100.7"), 53, "rr");
     assert_eq!(

@@ -13,10 +13,9 @@ mod traffic_support;
 use std::time::Duration;
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{BackendChoice, CommandRunner, Family};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::kernel::NetlinkKernel;
-use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::{BackendChoice, CommandRunner, Family};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_crds::MergedPlan;
 use support::{service, udp};
 use traffic_support::{Lab, Listener, NODE_V4, NODE_V6};

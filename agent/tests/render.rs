@@ -14,8 +14,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use flows::{Expect, Flow, Node, Origin, PortBuilder, merged, port};
-use proxyplan_agent::iptables::trace::{Packet, TraceResult, Tracer, Verdict};
-use proxyplan_agent::iptables::{FamilyRules, RenderSettings, render};
+use proxyplan_agent::modes::iptables::trace::{Packet, TraceResult, Tracer, Verdict};
+use proxyplan_agent::modes::iptables::{RenderSettings, render};
+use proxyplan_agent::ruleset::FamilyRules;
 use proxyplan_crds::{EmptyAction, LoadBalancerIpMode, MergedPlan, Protocol};
 
 // ----- golden files -----

@@ -12,12 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::cache::{CachedChain, RenderCache};
-use proxyplan_agent::iptables::kernel::fake::FakeKernel;
-use proxyplan_agent::iptables::{
-    Backend, Family, FamilyRules, IptablesDataplane, RenderSettings, TableName, TableRules, names,
-    render,
-};
+use proxyplan_agent::kernel::command::fake::FakeKernel;
+use proxyplan_agent::kernel::{Backend, Family};
+use proxyplan_agent::modes::iptables::cache::{CachedChain, RenderCache};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
+use proxyplan_agent::ruleset::{FamilyRules, TableName, TableRules, names};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};

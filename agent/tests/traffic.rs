@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::{Backend, Family, names};
+use proxyplan_agent::kernel::{Backend, Family};
+use proxyplan_agent::ruleset::names;
 use proxyplan_agent::run::ProxyMode;
 use proxyplan_crds::{
     EmptyAction, LoadBalancerIp, LoadBalancerIpMode, MergedPlan, ServicePortPlan, SessionAffinity,

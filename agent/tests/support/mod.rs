@@ -140,7 +140,7 @@ pub fn many_services(count: usize, endpoints: usize) -> Vec<ServicePortPlan> {
 /// Chain name → its `-A` lines (words after `-A CHAIN`, unquoted), from iptables-save
 /// output of one table; a declared chain without rules maps to an empty list.
 pub fn chains_of(save: &str, table: &str) -> BTreeMap<String, Vec<Vec<String>>> {
-    use proxyplan_agent::iptables::apply::split_words;
+    use proxyplan_agent::kernel::iptables::split_words;
     let mut out: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
     let mut inside = false;
     for line in save.lines() {

@@ -32,14 +32,10 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::iptables::BackendChoice;
-use proxyplan_agent::iptables::kernel::Tool;
-use proxyplan_agent::iptables::{
-    Backend, CommandRunner, Family, IptablesDataplane, RenderSettings,
-};
-use proxyplan_agent::ipvs::dataplane::IpvsDataplane;
-use proxyplan_agent::ipvs::kernel::NetlinkKernel;
-use proxyplan_agent::ipvs::render::IpvsSettings;
+use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
+use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
+use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::run::ProxyMode;
 
 /// The node's address towards `ext`.

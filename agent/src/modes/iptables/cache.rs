@@ -1,0 +1,486 @@
+//! What the iptables mode remembers between syncs, without keeping rule text: per service
+//! port entry, a hash of the entry and the name, revision and rule count of each chain it
+//! owns (24 bytes a chain); per fixed chain (`PROXYPLAN-SERVICES`, ...), its revision and
+//! rule count.
+//!
+//! A sync is two passes over the plan, both entry by entry:
+//!
+//! 1. `FamilyCache::diff` hashes every entry and renders only those that differ from
+//!    the cache (all of them on the first sync), compares their chains with what the
+//!    kernel holds, and notes which chains to write or remove: a `Delta`, no text.
+//!    Right after the kernel was read (first sync, periodic resync, canary, failed
+//!    restore) the comparison is against the chains read; otherwise the kernel holds
+//!    exactly what the cache describes, so it is against the cache.
+//! 2. `Delta::write_payload` renders the entries with chains to write again and streams
+//!    the `iptables-restore --noflush` text, so the payload is never held either.
+//!
+//! `FamilyCache::commit` then makes the delta the new cache. The fixed chains collect a
+//! rule or two from every entry: they are re-hashed (and rewritten) only when an entry's
+//! part of them changed or entries came or went.
+//!
+//! The records kept per group are in `groups.rs`, the delta and its payload in
+//! `delta.rs`.
+
+use std::borrow::Cow;
+
+use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
+
+use super::delta::Delta;
+use super::groups::{
+    Changed, Context, FixedChain, GroupState, TABLES, TailRule, content_of, fixed_chains,
+    ip_family, kernel_has, slot, summarize,
+};
+use super::render::{FamilyInputs, base_rules, render_entries, tail_rules};
+use super::settings::RenderSettings;
+use crate::conntrack::EntryChange;
+use crate::kernel::family::Family;
+use crate::ruleset::diff::{apply_jumps, jump_changes};
+use crate::ruleset::hash::{ContentHasher, revision_text};
+use crate::ruleset::names::ChainName;
+use crate::ruleset::rules::{BaseJump, FamilyRules, TableName};
+use crate::ruleset::save::{KernelChains, KernelFamily};
+
+/// One family's cache: what the last successful sync left in the kernel.
+#[derive(Debug, Default)]
+pub(crate) struct FamilyCache {
+    /// `None`: the family has no rules.
+    context: Option<Context>,
+    /// The fixed chains' own rules and the base jumps.
+    base: FamilyRules,
+    tail: Vec<TailRule>,
+    /// By key, sorted: walked in step with the plan's entries (sorted by key too), so a
+    /// sync looks nothing up.
+    groups: Vec<(Box<str>, GroupState)>,
+    fixed: Vec<FixedChain>,
+    /// Rules in the groups' chains.
+    own_rules: usize,
+}
+
+impl FamilyCache {
+    /// The changes that bring the kernel to the entries of `inputs` (none: nothing at
+    /// all). With `in_sync`, the kernel holds exactly what this cache describes (its
+    /// chains are not consulted); otherwise `kernel` was just read.
+    pub(crate) fn diff<'p>(
+        &self,
+        inputs: FamilyInputs<'p>,
+        settings: &RenderSettings,
+        family: IpFamily,
+        kernel: &mut KernelFamily,
+        in_sync: bool,
+    ) -> Delta<'p> {
+        if !in_sync {
+            kernel.filter.chains.clear_seen();
+            kernel.nat.chains.clear_seen();
+        }
+        let context = (!inputs.entries.is_empty()).then(|| {
+            (
+                settings.clone(),
+                inputs.local_cidr.clone(),
+                inputs.node_addresses.clone(),
+            )
+        });
+        let context_changed = context != self.context;
+        let (base, tail) = match &context {
+            None => (FamilyRules::default(), Vec::new()),
+            Some(_) if context_changed => {
+                (base_rules(settings, family), tail_rules(settings, family))
+            }
+            Some(_) => (self.base.clone(), self.tail.clone()),
+        };
+        // A merged plan is sorted by key, one entry a key; anything else is grouped here
+        // and re-hashes the fixed chains every time.
+        let sorted = inputs.entries.windows(2).all(|w| w[0].key < w[1].key);
+        let mut order = inputs.entries.clone();
+        if !sorted {
+            order.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        let mut groups = Vec::new();
+        let mut start = 0;
+        for i in 1..=order.len() {
+            if i == order.len() || order[i].key != order[start].key {
+                groups.push((start, i));
+                start = i;
+            }
+        }
+        let mut delta = Delta {
+            inputs,
+            family,
+            context,
+            base,
+            tail,
+            order,
+            groups,
+            changed: Vec::new(),
+            gone: Vec::new(),
+            fixed: Vec::new(),
+            remove: [Vec::new(), Vec::new()],
+            jumps: [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())],
+            positions_fresh: [false, false],
+            own_rules: 0,
+        };
+        let mut shared_dirty = context_changed || !sorted;
+        let mut hasher = ContentHasher::default();
+        // The cache and the groups are both in key order: `next` is the first cached
+        // group not matched yet.
+        let mut next = 0;
+        for (index, &(a, b)) in delta.groups.iter().enumerate() {
+            let entries = &delta.order[a..b];
+            let content = content_of(&mut hasher, entries);
+            // The content hash covers the key: equal hashes, same key (no need to look).
+            let same_content = self
+                .groups
+                .get(next)
+                .is_some_and(|(_, o)| o.content == content);
+            let cached = if same_content {
+                next += 1;
+                Some(next - 1)
+            } else {
+                let key = entries[0].key.as_str();
+                while self.groups.get(next).is_some_and(|(k, _)| &**k < key) {
+                    delta.gone.push(next);
+                    next += 1;
+                }
+                let same = self.groups.get(next).is_some_and(|(k, _)| &**k == key);
+                next += usize::from(same);
+                same.then(|| next - 1)
+            };
+            let old = cached.map(|i| &self.groups[i].1);
+            let unchanged = !context_changed && old.is_some_and(|o| o.content == content);
+            if unchanged {
+                if !in_sync
+                    && let Some(old) = old
+                    && let Some(state) = Self::stale_in_kernel(old, kernel)
+                {
+                    delta.changed.push(Changed {
+                        group: index,
+                        cached,
+                        content_changed: false,
+                        state,
+                    });
+                }
+                continue;
+            }
+            let rendered = render_entries(entries, &delta.inputs, settings, family, true);
+            let mut state = summarize(&rendered, &delta.base, content);
+            drop(rendered);
+            let held = |table, name: &ChainName, revision, rules, kernel: &mut KernelFamily| {
+                if in_sync {
+                    old.and_then(|o| o.find(table, name)) == Some((revision, rules))
+                } else {
+                    kernel_has(kernel, table, name, revision, rules)
+                }
+            };
+            for c in state.chains.iter_mut() {
+                let name = ChainName::Hashed(c.name());
+                c.write = !held(c.table, &name, c.revision, c.rules, kernel);
+            }
+            for c in state.others.iter_mut() {
+                let name = ChainName::Other(c.name.clone());
+                c.write = !held(c.table, &name, c.revision, c.rules, kernel);
+            }
+            if in_sync && let Some(old) = old {
+                for (table, name) in old.names() {
+                    if state.find(table, &name).is_none() {
+                        delta.remove[slot(table)].push((name, true));
+                    }
+                }
+            }
+            shared_dirty |= old.is_none_or(|o| o.shared != state.shared);
+            delta.changed.push(Changed {
+                group: index,
+                cached,
+                content_changed: old.is_none_or(|o| o.content != content),
+                state,
+            });
+        }
+        delta.gone.extend(next..self.groups.len());
+        if !delta.gone.is_empty() {
+            shared_dirty = true;
+            if in_sync {
+                for &i in &delta.gone {
+                    for (table, name) in self.groups[i].1.names() {
+                        delta.remove[slot(table)].push((name, true));
+                    }
+                }
+            }
+        }
+        delta.fixed = if shared_dirty {
+            fixed_chains(&delta.base, &delta.tail, &delta.inputs, settings, family)
+        } else {
+            self.fixed.clone()
+        };
+        for f in &mut delta.fixed {
+            let held = if in_sync {
+                self.fixed.iter().any(|o| {
+                    o.table == f.table
+                        && o.name == f.name
+                        && o.revision == f.revision
+                        && o.rules == f.rules
+                })
+            } else {
+                kernel_has(
+                    kernel,
+                    f.table,
+                    &ChainName::new(&f.name),
+                    f.revision,
+                    f.rules,
+                )
+            };
+            f.write = !held;
+        }
+        if in_sync {
+            for o in &self.fixed {
+                if !delta
+                    .fixed
+                    .iter()
+                    .any(|f| f.table == o.table && f.name == o.name)
+                {
+                    delta.remove[slot(o.table)].push((ChainName::new(&o.name), true));
+                }
+            }
+        } else {
+            for table in TABLES {
+                let held = kernel.table(table);
+                for (name, chain) in held.chains.unseen() {
+                    // Already flushed, and someone else's chain still jumps to it.
+                    let parked =
+                        chain.rules == 0 && name.with_text(|t| held.foreign_refs.contains(t));
+                    if !parked {
+                        delta.remove[slot(table)].push((name, true));
+                    }
+                }
+            }
+        }
+        for table in TABLES {
+            let held = kernel.table(table);
+            let list = &mut delta.remove[slot(table)];
+            list.sort_unstable_by(|a, b| a.0.cmp_text(&b.0));
+            list.dedup_by(|a, b| a.0 == b.0);
+            for (name, delete) in list.iter_mut() {
+                *delete = !name.with_text(|t| held.foreign_refs.contains(t));
+            }
+            let (deletes, inserts) = jump_changes(&delta.base.table(table).base_jumps, &held.jumps);
+            let inserts = inserts.into_iter().cloned().collect();
+            delta.jumps[slot(table)] = (deletes, inserts);
+            delta.positions_fresh[slot(table)] = held.positions_fresh;
+        }
+        let mut own = self.own_rules;
+        for changed in &delta.changed {
+            if let Some(i) = changed.cached {
+                own = own.saturating_sub(self.groups[i].1.rules());
+            }
+            own += changed.state.rules();
+        }
+        for &i in &delta.gone {
+            own = own.saturating_sub(self.groups[i].1.rules());
+        }
+        delta.own_rules = own;
+        delta
+    }
+
+    /// An unchanged group whose chains the kernel does not hold as cached: a copy with
+    /// those marked for writing.
+    fn stale_in_kernel(old: &GroupState, kernel: &mut KernelFamily) -> Option<GroupState> {
+        let mut state: Option<GroupState> = None;
+        for (i, c) in old.chains.iter().enumerate() {
+            let name = ChainName::Hashed(c.name());
+            if !kernel_has(kernel, c.table, &name, c.revision, c.rules) {
+                state.get_or_insert_with(|| old.clone()).chains[i].write = true;
+            }
+        }
+        for (i, c) in old.others.iter().enumerate() {
+            let name = ChainName::Other(c.name.clone());
+            if !kernel_has(kernel, c.table, &name, c.revision, c.rules) {
+                state.get_or_insert_with(|| old.clone()).others[i].write = true;
+            }
+        }
+        state
+    }
+
+    /// Makes `delta` the cache, and `kernel` what the kernel holds once its payload was
+    /// restored: the kernel's chains are no longer tracked (they are the cache's).
+    pub(crate) fn commit(&mut self, delta: Delta<'_>, kernel: &mut KernelFamily) {
+        for table in TABLES {
+            let (deletes, inserts) = &delta.jumps[slot(table)];
+            let inserts: Vec<&BaseJump> = inserts.iter().collect();
+            let held = kernel.table_mut(table);
+            apply_jumps(held, deletes, &inserts);
+            held.chains = KernelChains::default();
+        }
+        if delta.context.is_none() {
+            *self = Self::default();
+            return;
+        }
+        let inserts = delta.changed.iter().any(|c| c.cached.is_none());
+        if !inserts && delta.gone.is_empty() {
+            for mut changed in delta.changed {
+                changed.state.clear_writes();
+                if let Some(i) = changed.cached {
+                    self.groups[i].1 = changed.state;
+                }
+            }
+        } else {
+            // Entries came or went: merge the kept and the new groups, both in key order.
+            let mut replaced: Vec<Option<GroupState>> = vec![None; self.groups.len()];
+            let mut added: Vec<(Box<str>, GroupState)> = Vec::new();
+            for mut changed in delta.changed {
+                changed.state.clear_writes();
+                match changed.cached {
+                    Some(i) => replaced[i] = Some(changed.state),
+                    None => {
+                        let (a, _) = delta.groups[changed.group];
+                        added.push((delta.order[a].key.as_str().into(), changed.state));
+                    }
+                }
+            }
+            let mut gone = delta.gone.iter().peekable();
+            let kept = std::mem::take(&mut self.groups)
+                .into_iter()
+                .zip(replaced)
+                .enumerate()
+                .filter(|(i, _)| {
+                    let leaving = gone.peek() == Some(&i);
+                    if leaving {
+                        gone.next();
+                    }
+                    !leaving
+                })
+                .map(|(_, ((key, state), new))| (key, new.unwrap_or(state)));
+            let mut merged = Vec::with_capacity(kept.size_hint().0 + added.len());
+            let mut added = added.into_iter().peekable();
+            for group in kept {
+                while added.peek().is_some_and(|(k, _)| *k < group.0) {
+                    merged.extend(added.next());
+                }
+                merged.push(group);
+            }
+            merged.extend(added);
+            self.groups = merged;
+        }
+        self.fixed = delta.fixed;
+        self.fixed.iter_mut().for_each(|f| f.write = false);
+        self.base = delta.base;
+        self.tail = delta.tail;
+        self.context = delta.context;
+        self.own_rules = delta.own_rules;
+    }
+
+    /// Rules of the family, as [`FamilyRules::rule_count`] counts them.
+    pub(crate) fn rule_count(&self) -> usize {
+        self.own_rules
+            + self.fixed.iter().map(|f| f.rules as usize).sum::<usize>()
+            + self.base.filter.base_jumps.len()
+            + self.base.nat.base_jumps.len()
+    }
+
+    /// Every chain the cache describes: (table, name, revision, rules with the revision
+    /// rule).
+    pub(crate) fn chains(&self) -> Vec<(TableName, String, u64, usize)> {
+        let mut out: Vec<(TableName, String, u64, usize)> = self
+            .fixed
+            .iter()
+            .map(|f| (f.table, f.name.clone(), f.revision, f.rules as usize))
+            .collect();
+        for (_, state) in &self.groups {
+            for c in state.chains.iter() {
+                out.push((c.table, c.name().to_string(), c.revision, c.rules as usize));
+            }
+            for c in state.others.iter() {
+                out.push((c.table, c.name.to_string(), c.revision, c.rules as usize));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The entries that changed, came or went in `delta` (computed from this cache).
+    pub(crate) fn entry_changes<'p>(&self, delta: &Delta<'p>) -> Vec<EntryChange<'p>> {
+        let mut out: Vec<EntryChange<'p>> = delta
+            .changed
+            .iter()
+            .filter(|c| c.content_changed)
+            .map(|c| {
+                let (a, b) = delta.groups[c.group];
+                let entries: Vec<&'p ServicePortPlan> = delta.order[a..b].to_vec();
+                let first: &'p ServicePortPlan = delta.order[a];
+                EntryChange {
+                    key: Cow::Borrowed(first.key.as_str()),
+                    entries,
+                }
+            })
+            .collect();
+        out.extend(delta.gone.iter().filter_map(|i| {
+            self.groups.get(*i).map(|(key, _)| EntryChange {
+                key: Cow::Owned(key.to_string()),
+                entries: Vec::new(),
+            })
+        }));
+        out
+    }
+}
+
+/// [`render`](super::render()) kept up to date across plans without its text: the
+/// chains, revisions and rule counts a sync leaves in the kernel, per family. Each
+/// [`RenderCache::update`] re-renders only the entries that changed (plus one pass over
+/// what entries add to the fixed chains, when that changed).
+#[derive(Debug, Default)]
+pub struct RenderCache {
+    families: [FamilyCache; 2],
+}
+
+/// One chain a [`RenderCache`] describes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CachedChain {
+    /// Its table.
+    pub table: TableName,
+    /// Its name.
+    pub name: String,
+    /// Its revision, as [`crate::ruleset::TableRules::revision`] writes it.
+    pub revision: String,
+    /// Its rules, revision rule included.
+    pub rules: usize,
+}
+
+impl RenderCache {
+    /// Brings the cache to `plan` as a successful sync does; returns how many chains each
+    /// family (`[v4, v6]`) writes or removes.
+    pub fn update(&mut self, plan: &MergedPlan, settings: &RenderSettings) -> [usize; 2] {
+        let mut changed = [0; 2];
+        for (i, family) in [Family::V4, Family::V6].into_iter().enumerate() {
+            let ip = ip_family(family);
+            let cache = &mut self.families[i];
+            let mut kernel = KernelFamily::default();
+            let delta = cache.diff(FamilyInputs::of(plan, ip), settings, ip, &mut kernel, true);
+            changed[i] = delta.chain_changes();
+            cache.commit(delta, &mut kernel);
+        }
+        changed
+    }
+
+    /// Every chain of one family, sorted.
+    #[must_use]
+    pub fn chains(&self, family: Family) -> Vec<CachedChain> {
+        let cache = &self.families[usize::from(family == Family::V6)];
+        cache
+            .chains()
+            .into_iter()
+            .map(|(table, name, revision, rules)| CachedChain {
+                table,
+                name,
+                revision: revision_text(revision),
+                rules,
+            })
+            .collect()
+    }
+
+    /// Rules of one family, as [`FamilyRules::rule_count`] counts them.
+    #[must_use]
+    pub fn rule_count(&self, family: Family) -> usize {
+        self.families[usize::from(family == Family::V6)].rule_count()
+    }
+
+    /// Forgets everything (the next update renders from scratch).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+}

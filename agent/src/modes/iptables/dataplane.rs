@@ -1,0 +1,432 @@
+//! iptables mode's [`Dataplane`]: [`IptablesDataplane`] ties render, diff and apply
+//! together, running `iptables-save`, `iptables-restore` and `iptables` through a
+//! [`Runner`] (a real one, or the fake of [`crate::kernel::command::fake`]).
+//!
+//! The kernel is read (`iptables-save -t filter`, `-t nat`, per family, line by line) on
+//! the first sync, after the canary says the rules were flushed, after a failed restore
+//! and whenever [`IptablesDataplane::invalidate`] asks for it (the periodic full resync).
+//! Every other sync works from the `FamilyCache` of what the last successful restore
+//! left, and sends only the chains whose revision changed: one `iptables-restore
+//! --noflush` per family, both tables in it, streamed as it is rendered, nothing at all
+//! when nothing changed.
+
+use std::io::Write;
+
+use proxyplan_crds::{IpFamily, MergedPlan};
+
+use super::cache::FamilyCache;
+use super::render::FamilyInputs;
+use super::settings::RenderSettings;
+use crate::conntrack::{EntryChange, UdpTracker};
+use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
+use crate::kernel::command::Runner;
+use crate::kernel::family::Family;
+use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
+use crate::ruleset::rules::TableName;
+use crate::ruleset::save::KernelFamily;
+use crate::ruleset::tables::Tables;
+
+/// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
+/// sync of a large node sends hundreds of megabytes, which are streamed to
+/// `iptables-restore` and not held. What is left out is summed up in a last comment
+/// line; [`IptablesDataplane::payload_sent`] has the full size.
+pub const REPORT_PAYLOAD_LIMIT: usize = 1 << 20;
+
+/// Size of what a sync sent (or, dry, would send) to `iptables-restore`, both families.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PayloadSize {
+    /// Bytes.
+    pub bytes: usize,
+    /// Lines.
+    pub lines: usize,
+}
+
+/// iptables mode's [`Dataplane`].
+#[derive(Debug)]
+pub struct IptablesDataplane<R> {
+    settings: RenderSettings,
+    runner: R,
+    backend: Backend,
+    /// `[v4, v6]`.
+    families: [FamilyState; 2],
+    /// The UDP paths of the last plan synced, for stale conntrack entries.
+    udp: UdpTracker,
+    /// What the last sync sent.
+    sent: PayloadSize,
+}
+
+/// One family's knowledge of the kernel.
+#[derive(Debug, Default)]
+struct FamilyState {
+    /// The jumps in built-in chains and the foreign references, and, right after the
+    /// kernel was read, its chains; `None` until read.
+    kernel: Option<KernelFamily>,
+    /// Whether the kernel holds exactly the chains `cache` describes (then `kernel`
+    /// does not track them).
+    in_sync: bool,
+    /// What the last successful sync programmed.
+    cache: FamilyCache,
+    /// Whether the family had rules after the last successful sync.
+    programmed: bool,
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+fn index(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
+    }
+}
+
+/// The report's copy of the payload: all of it, or the first `limit` bytes in whole
+/// lines and a comment saying what was left out.
+struct ReportText {
+    text: String,
+    limit: usize,
+    omitted_bytes: usize,
+    omitted_lines: usize,
+    cut: bool,
+}
+
+impl ReportText {
+    fn new(limit: usize) -> Self {
+        Self {
+            text: String::new(),
+            limit,
+            omitted_bytes: 0,
+            omitted_lines: 0,
+            cut: false,
+        }
+    }
+
+    fn push(&mut self, part: &str) {
+        if !self.cut && self.text.len() + part.len() <= self.limit {
+            self.text.push_str(part);
+            return;
+        }
+        if !self.cut {
+            self.cut = true;
+            let keep = self.text.rfind('\n').map_or(0, |i| i + 1);
+            self.omitted_bytes += self.text.len() - keep;
+            self.text.truncate(keep);
+        }
+        self.omitted_bytes += part.len();
+        self.omitted_lines += part.matches('\n').count();
+    }
+
+    fn finish(mut self) -> String {
+        if self.cut {
+            self.text.push_str(&format!(
+                "# ... {} more lines ({} bytes) not kept in this report\n",
+                self.omitted_lines, self.omitted_bytes
+            ));
+        }
+        self.text
+    }
+}
+
+impl Write for ReportText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.push(&String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the payload to the tool (if any) and the report, counting it.
+struct Tee<'a> {
+    pipe: Option<&'a mut dyn Write>,
+    report: &'a mut ReportText,
+    size: &'a mut PayloadSize,
+}
+
+impl Write for Tee<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(pipe) = self.pipe.as_mut() {
+            pipe.write_all(buf)?;
+        }
+        self.report.write_all(buf)?;
+        self.size.bytes += buf.len();
+        self.size.lines += buf.iter().filter(|b| **b == b'\n').count();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.pipe.as_mut() {
+            Some(pipe) => pipe.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Finds line `want` (1-based) of what is written to it.
+struct LineFinder {
+    want: usize,
+    line: usize,
+    found: Vec<u8>,
+}
+
+impl Write for LineFinder {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for byte in buf {
+            if *byte == b'\n' {
+                self.line += 1;
+                if self.line > self.want {
+                    return Err(std::io::Error::other("found"));
+                }
+            } else if self.line == self.want {
+                self.found.push(*byte);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The line number an `iptables-restore` error points at (`line N failed`, `Error
+/// occurred at line: N`).
+fn failed_line_number(stderr: &str) -> Option<usize> {
+    let rest = stderr.split("line").nth(1)?;
+    let rest = rest.trim_start_matches([':', ' ']);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+impl<R: Runner> IptablesDataplane<R> {
+    /// A dataplane that programs through `runner` with `backend`'s tools.
+    #[must_use]
+    pub fn new(settings: RenderSettings, runner: R, backend: Backend) -> Self {
+        Self {
+            settings,
+            runner,
+            backend,
+            families: [FamilyState::default(), FamilyState::default()],
+            udp: UdpTracker::default(),
+            sent: PayloadSize::default(),
+        }
+    }
+
+    /// A dataplane whose back end is chosen by `choice` (asking the kernel for `Auto`).
+    #[must_use]
+    pub fn with_backend_choice(settings: RenderSettings, runner: R, choice: BackendChoice) -> Self {
+        let backend = Backend::resolve(choice, &runner);
+        Self::new(settings, runner, backend)
+    }
+
+    /// The back end in use.
+    #[must_use]
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The runner (for tests to inspect a fake).
+    #[must_use]
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
+    /// What the last sync or cleanup sent to `iptables-restore` (dry: would have sent),
+    /// all of it, even when its report keeps only the beginning.
+    #[must_use]
+    pub fn payload_sent(&self) -> PayloadSize {
+        self.sent
+    }
+
+    /// The agent's tables, through the runner.
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            runner: &self.runner,
+            backend: self.backend,
+        }
+    }
+
+    /// Forgets the model: the next sync reads the kernel again (the periodic full
+    /// resync).
+    pub fn invalidate(&mut self) {
+        for state in &mut self.families {
+            state.kernel = None;
+        }
+    }
+
+    /// Brings one family to `inputs` (no entries: nothing); returns the chains and jumps
+    /// changed, the rules the family then has, and the entries that changed.
+    fn sync_family<'p>(
+        &mut self,
+        family: Family,
+        inputs: FamilyInputs<'p>,
+        dry_run: bool,
+        report: &mut ReportText,
+    ) -> Result<(usize, usize, Vec<EntryChange<'p>>), DataplaneError> {
+        let wanted = !inputs.entries.is_empty();
+        let ip = ip_family(family);
+        let runner: &dyn Runner = &self.runner;
+        let tables = Tables {
+            runner,
+            backend: self.backend,
+        };
+        let state = &mut self.families[index(family)];
+        let (mut kernel, mut in_sync) = match state.kernel.take() {
+            Some(kernel) => (kernel, state.in_sync),
+            None => (tables.read_family(family, wanted)?, false),
+        };
+        let mut delta = state
+            .cache
+            .diff(inputs, &self.settings, ip, &mut kernel, in_sync);
+        if delta.needs_fresh_positions() {
+            let inputs = delta.into_inputs();
+            kernel = tables.read_family(family, wanted)?;
+            in_sync = false;
+            delta = state
+                .cache
+                .diff(inputs, &self.settings, ip, &mut kernel, in_sync);
+        }
+        let changed = delta.changes();
+        let rules = delta.rule_count();
+        let entries = state.cache.entry_changes(&delta);
+        if changed > 0 {
+            report.push(&family_header(self.backend, family));
+            if dry_run {
+                let mut tee = Tee {
+                    pipe: None,
+                    report,
+                    size: &mut self.sent,
+                };
+                delta
+                    .write_payload(&mut tee)
+                    .map_err(|source| DataplaneError::Io {
+                        context: "writing the payload".into(),
+                        source,
+                    })?;
+            } else {
+                let restore = self.backend.binary(family, Tool::Restore);
+                let args = ["--noflush", "-w", LOCK_WAIT];
+                let sent = &mut self.sent;
+                let output = runner.run_with_input(&restore, &args, &mut |pipe| {
+                    let mut tee = Tee {
+                        pipe: Some(pipe),
+                        report: &mut *report,
+                        size: &mut *sent,
+                    };
+                    delta.write_payload(&mut tee)
+                })?;
+                // On failure the model stays unset: the next sync reads the kernel again.
+                if !output.success() {
+                    let mut err = output.failure(&format!("{restore} {}", args.join(" ")));
+                    if let DataplaneError::ToolFailed { stderr, .. } = &mut err
+                        && let Some(number) = failed_line_number(stderr)
+                    {
+                        let mut finder = LineFinder {
+                            want: number,
+                            line: 1,
+                            found: Vec::new(),
+                        };
+                        // Stops with an error once the line is complete.
+                        let _ = delta.write_payload(&mut finder);
+                        if number > 0 && !finder.found.is_empty() {
+                            let line = String::from_utf8_lossy(&finder.found).into_owned();
+                            stderr.push_str(&format!(" (the line: {line})"));
+                        }
+                    }
+                    return Err(err);
+                }
+                tracing::debug!(
+                    family = ?family,
+                    changed,
+                    "iptables-restore applied the changed chains"
+                );
+            }
+        }
+        if !dry_run {
+            state.cache.commit(delta, &mut kernel);
+            in_sync = true;
+            state.programmed = rules > 0;
+        }
+        // Positions read now are stale by the next sync.
+        kernel.filter.positions_fresh = false;
+        kernel.nat.positions_fresh = false;
+        state.kernel = Some(kernel);
+        state.in_sync = in_sync;
+        Ok((changed, rules, entries))
+    }
+}
+
+fn family_header(backend: Backend, family: Family) -> String {
+    format!("# {} --noflush\n", backend.binary(family, Tool::Restore))
+}
+
+impl<R: Runner> Dataplane for IptablesDataplane<R> {
+    fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        let mut text = ReportText::new(if dry_run {
+            usize::MAX
+        } else {
+            REPORT_PAYLOAD_LIMIT
+        });
+        self.sent = PayloadSize::default();
+        let mut report = SyncReport::default();
+        let mut changes = Vec::new();
+        for family in FAMILIES {
+            let inputs = FamilyInputs::of(plan, ip_family(family));
+            let (changed, rules, entries) = self.sync_family(family, inputs, dry_run, &mut text)?;
+            report.changed += changed;
+            report.rules += rules;
+            changes.extend(entries);
+        }
+        report.conntrack_deleted =
+            self.udp
+                .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
+                    text.push(line)
+                })?;
+        report.payload = text.finish();
+        Ok(report)
+    }
+
+    fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
+        for family in FAMILIES {
+            if !self.families[index(family)].programmed {
+                continue;
+            }
+            for table in [TableName::Nat, TableName::Filter] {
+                if !self.tables().canary_intact(family, table)? {
+                    self.families[index(family)].kernel = None;
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
+        let mut text = ReportText::new(REPORT_PAYLOAD_LIMIT);
+        self.sent = PayloadSize::default();
+        let mut report = SyncReport::default();
+        for family in FAMILIES {
+            // Always from a fresh read: leftovers of an earlier run count too.
+            self.families[index(family)].kernel = None;
+            let nothing = FamilyInputs {
+                entries: Vec::new(),
+                local_cidr: None,
+                node_addresses: Vec::new(),
+            };
+            let (changed, _, _) = self.sync_family(family, nothing, false, &mut text)?;
+            report.changed += changed;
+            self.families[index(family)].programmed = false;
+        }
+        self.udp.reset();
+        report.payload = text.finish();
+        Ok(report)
+    }
+}
