@@ -421,7 +421,9 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
+            service_cidrs: Vec::new(),
             service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
         })
     }
@@ -512,8 +514,10 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
             service_ports: entries.iter().cloned().map(std::sync::Arc::new).collect(),
+            service_cidrs: Vec::new(),
         }
     }
 

@@ -169,6 +169,8 @@ pub struct Planner {
     /// node plan's overlay (annotated on the objects for the agents' latency metric).
     triggers: HashMap<ServiceKey, Timestamp>,
     node_triggers: HashMap<String, Timestamp>,
+    /// The ranges of each ServiceCIDR object, normalised.
+    service_cidrs: BTreeMap<String, Vec<String>>,
 }
 
 impl Planner {
@@ -187,6 +189,7 @@ impl Planner {
             dirty: BTreeSet::new(),
             triggers: HashMap::new(),
             node_triggers: HashMap::new(),
+            service_cidrs: BTreeMap::new(),
         }
     }
 
@@ -359,6 +362,57 @@ impl Planner {
         self.nodes.insert(name.clone(), model);
         self.dirty.insert(ObjectId::Plan(name));
         Ok(())
+    }
+
+    /// Adds or updates a ServiceCIDR object's ranges. Every node plan carries the union,
+    /// so a change rewrites them all (ServiceCIDRs change about never).
+    ///
+    /// # Errors
+    /// [`ObjectError::Invalid`] naming the malformed range; the object's last good ranges
+    /// stay.
+    pub fn apply_service_cidr(&mut self, name: &str, ranges: &[String]) -> Result<(), ObjectError> {
+        let mut normalised = Vec::with_capacity(ranges.len());
+        for (i, range) in ranges.iter().enumerate() {
+            let (ip, len) =
+                crate::model::parse_cidr(range).map_err(|reason| ObjectError::Invalid {
+                    kind: "ServiceCIDR",
+                    object: name.to_owned(),
+                    field: format!("spec.cidrs[{i}]"),
+                    reason,
+                })?;
+            normalised.push(format!("{ip}/{len}"));
+        }
+        let before = self.service_cidr_union();
+        self.service_cidrs.insert(name.to_owned(), normalised);
+        self.service_cidrs_changed(&before);
+        Ok(())
+    }
+
+    /// Removes a ServiceCIDR object.
+    pub fn delete_service_cidr(&mut self, name: &str) {
+        let before = self.service_cidr_union();
+        self.service_cidrs.remove(name);
+        self.service_cidrs_changed(&before);
+    }
+
+    /// Removes every ServiceCIDR object not in `keep`.
+    pub fn retain_service_cidrs(&mut self, keep: &[String]) {
+        let before = self.service_cidr_union();
+        self.service_cidrs.retain(|name, _| keep.contains(name));
+        self.service_cidrs_changed(&before);
+    }
+
+    /// Every Service CIDR of the cluster, sorted, once each.
+    fn service_cidr_union(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self.service_cidrs.values().flatten().collect();
+        set.into_iter().cloned().collect()
+    }
+
+    fn service_cidrs_changed(&mut self, before: &[String]) {
+        if self.service_cidr_union() != before {
+            let nodes: Vec<String> = self.nodes.keys().cloned().collect();
+            self.dirty.extend(nodes.into_iter().map(ObjectId::Plan));
+        }
     }
 
     /// Removes a Node (its plan is deleted).
@@ -616,10 +670,15 @@ impl Planner {
                 cidrs: match self.config.detect_local_mode {
                     LocalTrafficMode::ClusterCIDR => self.config.cluster_cidrs.clone(),
                     LocalTrafficMode::NodeCIDR => node.pod_cidrs.clone(),
+                    LocalTrafficMode::BridgeInterface | LocalTrafficMode::InterfaceNamePrefix => {
+                        Vec::new()
+                    }
                 },
+                interface: self.config.local_interface.clone(),
             },
             overlay,
             ineligible: node.ineligible.clone(),
+            service_cidrs: self.service_cidr_union(),
         };
         spec.revision = revision_of(&spec);
         let mut plan = NodeProxyPlan::new(&node.name, spec);

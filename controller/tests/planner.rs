@@ -1661,6 +1661,42 @@ fn local_traffic_detection_in_the_node_plan() {
         let addresses: Vec<String> = merged.addresses.iter().map(ToString::to_string).collect();
         assert_eq!(addresses, [node_ip("node-a"), "198.51.100.1".to_owned()]);
     }
+
+    // kube-proxy's interface modes, for CNIs whose pods are not inside one CIDR.
+    for (mode, bridge, prefix, want) in [
+        (
+            LocalTrafficMode::BridgeInterface,
+            Some("cni0"),
+            None,
+            "cni0",
+        ),
+        (
+            LocalTrafficMode::InterfaceNamePrefix,
+            None,
+            Some("veth"),
+            "veth",
+        ),
+    ] {
+        let config = PlannerConfig::new(&[], false, mode)
+            .and_then(|c| c.with_local_interface(bridge.map(Into::into), prefix.map(Into::into)))
+            .unwrap_or_else(|err| panic!("refused: {err}"));
+        assert!(config.detects_local_traffic(proxyplan_crds::IpFamily::IPv6));
+        let mut p = Planner::new(config);
+        load(&mut p, &[node()], &[], &[]);
+        let merged = view(&p, "node-a");
+        assert_eq!(merged.local_traffic.mode, mode);
+        assert!(merged.local_traffic.cidrs.is_empty());
+        assert_eq!(merged.local_traffic.interface.as_deref(), Some(want));
+    }
+    let missing = PlannerConfig::new(&[], false, LocalTrafficMode::BridgeInterface)
+        .and_then(|c| c.with_local_interface(None, Some("veth".into())));
+    assert_eq!(
+        missing.map(|_| ()).map_err(|e| e.to_string()),
+        Err("--detect-local-mode=BridgeInterface: needs --pod-bridge-interface".to_owned())
+    );
+    let bad = PlannerConfig::new(&[], false, LocalTrafficMode::InterfaceNamePrefix)
+        .and_then(|c| c.with_local_interface(None, Some("veth\n-j ACCEPT".into())));
+    assert!(bad.is_err());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1828,6 +1864,45 @@ fn plans_carry_the_endpoint_slice_trigger_time() {
     let (plan, services) = p.node_view("node-a").expect("plan");
     assert_eq!(trigger(&services[0].metadata), None);
     assert_eq!(trigger(&plan.metadata), None);
+}
+
+#[test]
+fn node_plans_carry_the_clusters_service_cidrs() {
+    // kube-proxy's nftables mode drops traffic to unallocated Service IPs of the
+    // ServiceCIDRs it watches; every node plan carries their union.
+    let mut p = planner();
+    load(&mut p, &[mk_node("node-a"), mk_node("node-b")], &[], &[]);
+    drain(&mut p);
+    let cidrs = |p: &Planner| p.node_view("node-a").expect("plan").0.spec.service_cidrs;
+    assert!(cidrs(&p).is_empty());
+    p.apply_service_cidr(
+        "kubernetes",
+        &["10.96.0.0/12".into(), "fd00:10:96::/108".into()],
+    )
+    .expect("valid");
+    assert_eq!(
+        touched(&p.take_changes()),
+        set(&["plan/node-a", "plan/node-b"])
+    );
+    p.apply_service_cidr("extra", &["10.96.0.0/12".into(), "10.100.0.5/16".into()])
+        .expect("valid");
+    assert_eq!(
+        cidrs(&p),
+        ["10.100.0.0/16", "10.96.0.0/12", "fd00:10:96::/108"],
+        "the union, normalised"
+    );
+    drain(&mut p);
+    let err = p
+        .apply_service_cidr("bad", &["10.0.0.0/33".into()])
+        .expect_err("refused");
+    assert!(err.to_string().contains("spec.cidrs[0]"), "{err}");
+    assert!(p.take_changes().is_empty(), "nothing changed");
+    p.delete_service_cidr("extra");
+    assert_eq!(cidrs(&p), ["10.96.0.0/12", "fd00:10:96::/108"]);
+    assert_eq!(
+        touched(&p.take_changes()),
+        set(&["plan/node-a", "plan/node-b"])
+    );
 }
 
 #[test]

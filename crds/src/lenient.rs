@@ -265,6 +265,13 @@ impl Projection for k8s_openapi::api::core::v1::Node {
     }
 }
 
+/// The controller reads a ServiceCIDR's ranges.
+impl Projection for k8s_openapi::api::networking::v1::ServiceCIDR {
+    fn project(object: Value) -> Value {
+        keep_fields(object, &["spec"])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,6 +113,19 @@ pub struct NodeProxyPlanSpec {
     /// hints). Sorted by key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overlay: Vec<EndpointOverride>,
+    /// The cluster's Service IP ranges (its `ServiceCIDR` objects): traffic to an address
+    /// in them that no Service holds is dropped, and to a Service's cluster IP on a port
+    /// it does not serve rejected, as kube-proxy's nftables mode does.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "serviceCIDRs"
+    )]
+    #[schemars(
+        length(max = 16),
+        inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
+    )]
+    pub service_cidrs: Vec<String>,
     /// Why load balancers should stop sending this node new traffic, when they should:
     /// the Node is being deleted, or carries the `ToBeDeletedByClusterAutoscaler` taint.
     /// The agent's `/healthz` then fails (kube-proxy's `nodeEligible: false`); `/livez`
@@ -136,15 +149,24 @@ pub struct LocalTrafficDetection {
         inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
     )]
     pub cidrs: Vec<String>,
+    /// `BridgeInterface`: traffic arriving on this interface is in-cluster;
+    /// `InterfaceNamePrefix`: traffic arriving on any interface whose name starts with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15), regex(pattern = r"^[A-Za-z0-9_.-]+$"))]
+    pub interface: Option<String>,
 }
 
-/// Source of the local-traffic CIDRs (kube-proxy's `--detect-local-mode`).
+/// How in-cluster traffic is told apart (kube-proxy's `--detect-local-mode`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum LocalTrafficMode {
-    /// The cluster CIDRs given to the controller.
+    /// Sources in the cluster CIDRs given to the controller.
     ClusterCIDR,
-    /// This node's pod CIDRs.
+    /// Sources in this node's pod CIDRs.
     NodeCIDR,
+    /// Packets arriving on the pods' bridge (`interface`).
+    BridgeInterface,
+    /// Packets arriving on an interface whose name starts with `interface` (pod veths).
+    InterfaceNamePrefix,
 }
 
 /// Status written by the node's agent.

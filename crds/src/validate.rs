@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::{
-    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, Protocol,
-    SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
+    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode, NodeProxyPlan,
+    Protocol, SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
 };
 
 /// Why a plan, or one Service's plan, cannot be used. Names the object and the field.
@@ -63,6 +63,8 @@ pub struct MergedPlan {
     pub addresses: Vec<IpAddr>,
     /// Local-traffic detection.
     pub local_traffic: LocalTrafficDetection,
+    /// The cluster's Service CIDRs (empty when unknown).
+    pub service_cidrs: Vec<String>,
     /// Every service port entry, zone lists and overlays applied, sorted by key. Shared:
     /// an entry that did not change since an earlier merge with the same [`MergeCache`]
     /// is the same allocation.
@@ -596,6 +598,34 @@ fn check_plan(plan: &NodeProxyPlan, check: &Checker<'_>) -> Result<Vec<IpAddr>, 
     for (i, cidr) in spec.local_traffic.cidrs.iter().enumerate() {
         check.cidr(&|| format!("spec.localTraffic.cidrs[{i}]"), cidr, None)?;
     }
+    let by_interface = matches!(
+        spec.local_traffic.mode,
+        LocalTrafficMode::BridgeInterface | LocalTrafficMode::InterfaceNamePrefix
+    );
+    match &spec.local_traffic.interface {
+        Some(name)
+            if name.is_empty()
+                || name.len() > 15
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) =>
+        {
+            return Err(check.fail(
+                &"spec.localTraffic.interface",
+                &format!("{name:?} is not an interface name (1 to 15 of A-Z a-z 0-9 _ . -)"),
+            ));
+        }
+        None if by_interface => {
+            return Err(check.fail(
+                &"spec.localTraffic.interface",
+                &format!("missing: mode {:?} needs it", spec.local_traffic.mode),
+            ));
+        }
+        _ => {}
+    }
+    for (i, cidr) in spec.service_cidrs.iter().enumerate() {
+        check.cidr(&|| format!("spec.serviceCIDRs[{i}]"), cidr, None)?;
+    }
     let mut addresses = Vec::with_capacity(spec.addresses.len());
     for (i, address) in spec.addresses.iter().enumerate() {
         addresses.push(check.ip(&|| format!("spec.addresses[{i}]"), address, None)?);
@@ -778,6 +808,7 @@ fn finish(
         services_fingerprint,
         addresses,
         local_traffic: spec.local_traffic.clone(),
+        service_cidrs: spec.service_cidrs.clone(),
         service_ports: merged,
         refused,
         unmatched,

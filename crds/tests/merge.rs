@@ -66,9 +66,11 @@ fn plan(zone: Option<&str>, overlay: Vec<EndpointOverride>) -> NodeProxyPlan {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
             overlay,
             ineligible: None,
+            service_cidrs: Vec::new(),
         },
     )
 }
@@ -204,6 +206,32 @@ fn a_udp_entry_keeps_the_endpoints_its_zone_or_node_leaves_out_as_serving() {
         serving,
         vec![ep("10.0.0.1", 53), ep("10.0.0.3", 53), ep("10.0.0.4", 53)]
     );
+}
+
+#[test]
+fn a_node_plan_with_a_bad_interface_or_service_cidr_is_refused() {
+    let mut p = plan(None, vec![]);
+    p.spec.local_traffic.mode = LocalTrafficMode::InterfaceNamePrefix;
+    let err = merged(&p, &[]).expect_err("no interface");
+    assert!(
+        err.to_string()
+            .contains("spec.localTraffic.interface: missing"),
+        "{err}"
+    );
+    p.spec.local_traffic.interface = Some("veth+ -j ACCEPT".into());
+    let err = merged(&p, &[]).expect_err("bad interface");
+    assert!(
+        err.to_string().contains("spec.localTraffic.interface"),
+        "{err}"
+    );
+    p.spec.local_traffic.interface = Some("veth".into());
+    p.spec.service_cidrs = vec!["10.96.0.0/12".into(), "10.96.0.0/99".into()];
+    let err = merged(&p, &[]).expect_err("bad CIDR");
+    assert!(err.to_string().contains("spec.serviceCIDRs[1]"), "{err}");
+    p.spec.service_cidrs.pop();
+    let m = merged(&p, &[]).expect("valid");
+    assert_eq!(m.service_cidrs, ["10.96.0.0/12"]);
+    assert_eq!(m.local_traffic.interface.as_deref(), Some("veth"));
 }
 
 #[test]

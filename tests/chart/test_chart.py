@@ -128,6 +128,7 @@ class Defaults(unittest.TestCase):
             expand(
                 ("", ["services", "nodes"], READ),
                 ("discovery.k8s.io", ["endpointslices"], READ),
+                ("networking.k8s.io", ["servicecidrs"], READ),
                 (
                     "proxyplan.dev",
                     ["nodeproxyplans", "serviceproxyplans"],
@@ -417,6 +418,20 @@ class Overrides(unittest.TestCase):
         self.assertEqual(c["imagePullPolicy"], "Always")
         self.assertEqual(find(self.objects, "Deployment")["spec"]["replicas"], 3)
 
+    def test_interface_detection_flags(self) -> None:
+        args = container(
+            render({"controller": {"detectLocalMode": "InterfaceNamePrefix", "podInterfaceNamePrefix": "veth"}}),
+            "Deployment",
+        )["args"]
+        self.assertIn("--detect-local-mode=InterfaceNamePrefix", args)
+        self.assertIn("--pod-interface-name-prefix=veth", args)
+        self.assertFalse([a for a in args if a.startswith("--pod-bridge-interface")])
+        args = container(
+            render({"controller": {"detectLocalMode": "BridgeInterface", "podBridgeInterface": "cni0"}}),
+            "Deployment",
+        )["args"]
+        self.assertIn("--pod-bridge-interface=cni0", args)
+
     def test_agent_flags(self) -> None:
         c = container(self.objects, "DaemonSet")
         args = c["args"]
@@ -460,6 +475,8 @@ class Schema(unittest.TestCase):
             {"agent": {"iptablesBackend": "both"}},
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
+            {"controller": {"podBridgeInterface": "a/b"}},
+            {"controller": {"podInterfaceNamePrefix": "name-longer-than-15"}},
             {"controller": {"clusterShards": 64}},
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},
             {"controller": {"minSyncInterval": "soon"}},

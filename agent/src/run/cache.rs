@@ -414,9 +414,11 @@ fn blank_spec(name: &str) -> proxyplan_crds::NodeProxyPlanSpec {
         local_traffic: proxyplan_crds::LocalTrafficDetection {
             mode: proxyplan_crds::LocalTrafficMode::ClusterCIDR,
             cidrs: Vec::new(),
+            interface: None,
         },
         overlay: Vec::new(),
         ineligible: None,
+        service_cidrs: Vec::new(),
     }
 }
 

@@ -399,8 +399,10 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: Vec::new(),
+                interface: None,
             },
             service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
+            service_cidrs: Vec::new(),
         }
     }
 

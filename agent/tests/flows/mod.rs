@@ -843,8 +843,10 @@ pub fn merged(node: Node, mut ports: Vec<ServicePortPlan>) -> MergedPlan {
         local_traffic: LocalTrafficDetection {
             mode: LocalTrafficMode::ClusterCIDR,
             cidrs: CLUSTER_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
+            interface: None,
         },
         service_ports: ports.into_iter().map(std::sync::Arc::new).collect(),
+        service_cidrs: Vec::new(),
     }
 }
 

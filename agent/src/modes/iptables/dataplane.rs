@@ -462,7 +462,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             self.families[index(family)].kernel = None;
             let nothing = FamilyInputs {
                 entries: Vec::new(),
-                local_cidr: None,
+                local: None,
                 node_addresses: Vec::new(),
             };
             let (changed, _, _) = self.sync_family(family, nothing, false, &mut text)?;

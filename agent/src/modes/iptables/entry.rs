@@ -9,12 +9,12 @@ use proxyplan_crds::{
 };
 
 use super::builder::Builder;
-use crate::ruleset::names;
+use crate::ruleset::{LocalMatch, names};
 
 /// The rules of one service port entry.
 pub(super) struct EntryRules<'e> {
     pub(super) entry: &'e ServicePortPlan,
-    pub(super) local_cidr: Option<&'e str>,
+    pub(super) local: Option<&'e LocalMatch>,
     pub(super) node_addresses: &'e [IpAddr],
 }
 
@@ -136,13 +136,14 @@ impl EntryRules<'_> {
                 ),
             );
         } else if e.masquerade.off_cluster_to_cluster_ip
-            && let Some(cidr) = self.local_cidr
+            && let Some(local) = self.local
         {
             out.nat(
                 chain,
                 format!(
-                    "{} ! -s {cidr} {vip} -j {}",
+                    "{} {} {vip} -j {}",
                     self.comment("cluster IP"),
+                    local.not_local(),
                     names::MARK_MASQ
                 ),
             );
@@ -236,12 +237,13 @@ impl EntryRules<'_> {
             );
         }
         if external.policy == TrafficPolicy::Local && !e.cluster_endpoints.is_empty() {
-            if let Some(cidr) = self.local_cidr {
+            if let Some(local) = self.local {
                 out.nat(
                     ext,
                     format!(
-                        "{} -s {cidr} -j {svc}",
-                        self.comment("pod traffic for external destinations")
+                        "{} {} -j {svc}",
+                        self.comment("pod traffic for external destinations"),
+                        local.local()
                     ),
                 );
             }

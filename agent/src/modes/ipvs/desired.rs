@@ -575,6 +575,7 @@ mod tests {
                 )),
                 Arc::new(entry("b", "10.96.0.2", &[("10.244.1.1", 80)])),
             ],
+            service_cidrs: Vec::new(),
         });
         let mut desired = Desired::new();
         desired.rebuild(&plan, NodeContext::default());

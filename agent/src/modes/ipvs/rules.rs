@@ -6,8 +6,8 @@ use proxyplan_crds::{IpFamily, MergedPlan};
 
 use super::sets::{PROTOCOLS, Role, proto, set_name};
 use super::settings::IpvsSettings;
-use crate::ruleset::names;
 use crate::ruleset::rules::{BaseJump, FamilyRules, Ruleset, TableRules};
+use crate::ruleset::{LocalMatch, names};
 
 /// The fixed iptables rules of the families in use.
 #[must_use]
@@ -17,13 +17,8 @@ pub fn rules(plan: &MergedPlan, settings: &IpvsSettings, families: [bool; 2]) ->
         if !used {
             continue;
         }
-        let v6 = family == IpFamily::IPv6;
-        let local_cidr = plan
-            .local_traffic
-            .cidrs
-            .iter()
-            .find(|c| c.contains(':') == v6);
-        let family_rules = frame(family, settings, local_cidr.map(String::as_str));
+        let local = LocalMatch::of(&plan.local_traffic, family);
+        let family_rules = frame(family, settings, local.as_ref());
         match family {
             IpFamily::IPv4 => rules.v4 = family_rules,
             IpFamily::IPv6 => rules.v6 = family_rules,
@@ -37,7 +32,7 @@ fn set_match(family: IpFamily, role: Role, dirs: &str) -> String {
 }
 
 /// The fixed iptables rules of one family.
-fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) -> FamilyRules {
+fn frame(family: IpFamily, settings: &IpvsSettings, local: Option<&LocalMatch>) -> FamilyRules {
     let mark = format!("{:#x}", 1u32 << settings.masquerade_bit.min(31));
     let masq = names::MARK_MASQ;
     let comment = |text: &str| format!("-m comment --comment \"{text}\"");
@@ -86,13 +81,14 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             set_match(family, Role::ClusterIpAll, "dst,dst")
         ),
     );
-    if let Some(cidr) = local_cidr {
+    if let Some(local) = local {
         push(
             &mut nat,
             services,
             format!(
-                "{} ! -s {cidr} {} -j {masq}",
+                "{} {} {} -j {masq}",
                 comment("proxyplan cluster IPs from outside the cluster"),
+                local.not_local(),
                 set_match(family, Role::ClusterIp, "dst,dst")
             ),
         );
