@@ -363,7 +363,10 @@ fn probe(what: &str, outcome: impl FnOnce() -> Outcome) -> (Outcome, Duration) {
 fn assert_refused(what: &str, outcome: impl FnOnce() -> Outcome) {
     let (got, took) = probe(what, outcome);
     assert_eq!(got, Outcome::Refused, "{what}");
-    assert!(took < Duration::from_secs(1), "{what}: refused after {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "{what}: refused after {took:?}"
+    );
 }
 
 fn assert_served_by(what: &str, backend: &str, outcome: impl FnOnce() -> Outcome) {
@@ -440,9 +443,11 @@ fn host_listeners_are_not_reachable_through_vips() {
             assert_served_by(&format!("{client} -> {vip}:80"), "a1/8080", || {
                 c().tcp(vip, 80)
             });
-            assert_served_by(&format!("{client} -> {vip}:30999 (hc)"), "node/30999", || {
-                c().tcp(vip, 30999)
-            });
+            assert_served_by(
+                &format!("{client} -> {vip}:30999 (hc)"),
+                "node/30999",
+                || c().tcp(vip, 30999),
+            );
         }
         // IPv6: the REJECT's ICMPv6 error reaches the client (its Icmp6InDestUnreachs
         // counts it), but under the VM's emulated CPU the client's TCP often takes it
@@ -455,9 +460,11 @@ fn host_listeners_are_not_reachable_through_vips() {
             matches!(got, Outcome::Refused | Outcome::TimedOut),
             "{client} -> [fd00:10:96::10]:10260: {got:?}"
         );
-        assert_served_by(&format!("{client} -> [fd00:10:96::10]:80"), "a1/8080", || {
-            c().tcp("fd00:10:96::10", 80)
-        });
+        assert_served_by(
+            &format!("{client} -> [fd00:10:96::10]:80"),
+            "a1/8080",
+            || c().tcp("fd00:10:96::10", 80),
+        );
     }
     // The node's own addresses are not VIPs: its listeners answer there.
     for client in ["a2", "ext"] {
@@ -509,7 +516,11 @@ fn host_listeners_are_not_reachable_through_vips() {
         .lines()
         .filter(|l| l.starts_with("-A PROXYPLAN-IPVS-OUT-FILTER") && l.contains("-m ipvs"))
         .collect();
-    assert_eq!(out_filter.len(), 1, "one LB IP leaves the node out: {out_filter:?}");
+    assert_eq!(
+        out_filter.len(),
+        1,
+        "one LB IP leaves the node out: {out_filter:?}"
+    );
     assert!(out_filter[0].contains("192.0.2.30"), "{out_filter:?}");
 }
 
@@ -550,7 +561,10 @@ fn timeouts_mh_flag_and_conn_reuse_mode() {
         ..IpvsSettings::default()
     };
     let mut dp = dataplane(&lab, settings);
-    let web = support::node_port(service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]), 30080);
+    let web = support::node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
     let mut sticky = service("sticky", "10.96.0.11", 80, &["10.244.1.10:8080"]);
     sticky.session_affinity = Some(proxyplan_crds::SessionAffinity {
         timeout_seconds: 600,
@@ -587,10 +601,16 @@ fn timeouts_mh_flag_and_conn_reuse_mode() {
         .iter()
         .find(|s| s.addr.to_string() == "10.96.0.11")
         .expect("sticky");
-    assert!(sticky.is_persistent() && sticky.timeout == 600, "{sticky:?}");
+    assert!(
+        sticky.is_persistent() && sticky.timeout == 600,
+        "{sticky:?}"
+    );
     let table = ipvs_table(&lab);
     println!("{table}");
-    assert!(table.contains("mh-port") || table.contains("flag-2"), "{table}");
+    assert!(
+        table.contains("mh-port") || table.contains("flag-2"),
+        "{table}"
+    );
 
     // 6.1 >= 5.9: conn_reuse_mode stays as it was and is not among the checks.
     assert_eq!(
@@ -600,12 +620,17 @@ fn timeouts_mh_flag_and_conn_reuse_mode() {
         reuse_before
     );
     assert!(
-        dp.sysctls().iter().all(|c| c.name != "net/ipv4/vs/conn_reuse_mode"),
+        dp.sysctls()
+            .iter()
+            .all(|c| c.name != "net/ipv4/vs/conn_reuse_mode"),
         "{:?}",
         dp.sysctls()
     );
     // A virtual server someone changed to rr without the flag goes back to mh-port.
-    lab.exec("node", &["ipvsadm", "-E", "-t", "10.96.0.10:80", "-s", "rr"]);
+    lab.exec(
+        "node",
+        &["ipvsadm", "-E", "-t", "10.96.0.10:80", "-s", "rr"],
+    );
     assert!(!dp.rules_intact().expect("check"));
     dp.sync(&services_plan, false).expect("sync");
     let web = kernel
@@ -683,14 +708,10 @@ fn periodic_check_repairs_what_someone_deleted() {
             "ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.10:8080",
             &|| assert_eq!(weight(&lab, "10.96.0.10:80", "10.244.1.10:8080"), Some(1)),
         ),
-        (
-            "a virtual server",
-            "ipvsadm -D -t 10.96.0.10:80",
-            &|| {
-                assert_eq!(weight(&lab, "10.96.0.10:80", "10.244.1.10:8080"), Some(1));
-                assert_eq!(weight(&lab, "10.96.0.10:80", "10.244.1.11:8080"), Some(1));
-            },
-        ),
+        ("a virtual server", "ipvsadm -D -t 10.96.0.10:80", &|| {
+            assert_eq!(weight(&lab, "10.96.0.10:80", "10.244.1.10:8080"), Some(1));
+            assert_eq!(weight(&lab, "10.96.0.10:80", "10.244.1.11:8080"), Some(1));
+        }),
         (
             "a set entry",
             "ipset del PROXYPLAN-VIP-PORT 10.96.0.10,tcp:80",
@@ -721,15 +742,18 @@ fn periodic_check_repairs_what_someone_deleted() {
             "the rules of the VIP filter chain",
             "iptables-nft -t filter -F PROXYPLAN-IPVS-FILTER",
             &|| {
-                let chain =
-                    lab.exec("node", &["iptables-nft", "-S", "PROXYPLAN-IPVS-FILTER"]);
+                let chain = lab.exec("node", &["iptables-nft", "-S", "PROXYPLAN-IPVS-FILTER"]);
                 assert!(chain.contains("-j REJECT"), "{chain}");
             },
         ),
     ];
     for (what, command, is_back) in cases {
         let command = if command.is_empty() {
-            iptables_line("filter", "INPUT", "PROXYPLAN-IPVS-FILTER").replacen("-A ", "iptables-nft -D ", 1)
+            iptables_line("filter", "INPUT", "PROXYPLAN-IPVS-FILTER").replacen(
+                "-A ",
+                "iptables-nft -D ",
+                1,
+            )
         } else {
             command.to_owned()
         };

@@ -481,7 +481,9 @@ impl Lab {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let listening = self.exec(role, &["ss", "-Hlntu"]);
-            if listening.contains(&shown) || wildcard.as_ref().is_some_and(|w| listening.contains(w)) {
+            if listening.contains(&shown)
+                || wildcard.as_ref().is_some_and(|w| listening.contains(w))
+            {
                 return;
             }
             assert!(

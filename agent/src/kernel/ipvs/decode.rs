@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::message::{ControlMessage, GENL_HDRLEN, IpvsCodecError, NetlinkBody, NetlinkMessage};
 use super::types::{
-    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats,
-    IpvsTimeouts, IpvsTunnel,
+    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTimeouts,
+    IpvsTunnel,
 };
 use super::uapi::*;
 use crate::kernel::netlink::frame::{

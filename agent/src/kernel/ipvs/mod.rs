@@ -26,7 +26,6 @@ pub use message::{ControlMessage, IpvsCodecError, NetlinkBody, NetlinkMessage};
 pub use node::{IpvsKernel, IpvsOp, NetlinkKernel};
 pub use types::{
     IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTimeouts,
-    IpvsTunnel,
-    describe_service, protocol_name, socket_text,
+    IpvsTunnel, describe_service, protocol_name, socket_text,
 };
 pub use uapi::*;

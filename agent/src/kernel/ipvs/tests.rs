@@ -613,7 +613,10 @@ fn set_config_keeps_zeros_which_the_kernel_ignores() -> Result<()> {
     ];
     assert_eq!(&bytes[28..], tail);
     assert_eq!(
-        single(&bytes)?.body.ipvs_attributes().and_then(|a| a.timeouts),
+        single(&bytes)?
+            .body
+            .ipvs_attributes()
+            .and_then(|a| a.timeouts),
         Some(only_tcp)
     );
     assert!(IpvsTimeouts::default().is_unset());
@@ -668,10 +671,7 @@ fn get_config_request_and_reply() -> Result<()> {
         }),
         ..IpvsAttributes::default()
     };
-    assert_eq!(
-        reply.body,
-        ipvs(IpvsCommand::SetConfig, expected, false)
-    );
+    assert_eq!(reply.body, ipvs(IpvsCommand::SetConfig, expected, false));
     Ok(())
 }
 

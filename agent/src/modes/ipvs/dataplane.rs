@@ -117,6 +117,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         &self.kernel
     }
 
+    /// The kernel handle, to change (for tests to tamper with a fake).
+    #[must_use]
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
     /// The runner (for tests to inspect a fake).
     #[must_use]
     pub fn runner(&self) -> &R {
@@ -682,7 +688,12 @@ fn same_rules(a: &KernelFamily, b: &KernelFamily) -> bool {
         let words = |t: &crate::ruleset::save::KernelTable| -> Vec<(String, Vec<Vec<String>>)> {
             t.jumps
                 .iter()
-                .map(|(chain, jumps)| (chain.clone(), jumps.iter().map(|j| j.words.clone()).collect()))
+                .map(|(chain, jumps)| {
+                    (
+                        chain.clone(),
+                        jumps.iter().map(|j| j.words.clone()).collect(),
+                    )
+                })
                 .collect()
         };
         a.chains == b.chains && words(a) == words(b)

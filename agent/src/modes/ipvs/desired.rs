@@ -431,7 +431,12 @@ impl Desired {
             let Some(id) = wanted.get(name) else {
                 return false;
             };
-            if set.spec != id.spec() || !set.entries.iter().all(|e| self.entries.contains(&(*id, *e))) {
+            if set.spec != id.spec()
+                || !set
+                    .entries
+                    .iter()
+                    .all(|e| self.entries.contains(&(*id, *e)))
+            {
                 return false;
             }
             held += set.entries.len();

@@ -106,7 +106,10 @@ fn wants_conn_reuse_zero(kernel: &mut impl IpvsKernel) -> bool {
             false
         }
         None => {
-            warn!(release, "unknown kernel release; net/ipv4/vs/conn_reuse_mode left alone");
+            warn!(
+                release,
+                "unknown kernel release; net/ipv4/vs/conn_reuse_mode left alone"
+            );
             false
         }
     }
