@@ -957,6 +957,62 @@ fn udp_flows_follow_endpoint_changes_at_once() {
     assert_eq!(early().udp("10.96.0.54", 53).backend(), Some("a1/5353"));
 }
 
+/// kube-proxy's conntrack clean-up keeps UDP flows to endpoints that still serve: a pod
+/// that starts terminating (it leaves the list new flows go to, and stays serving) keeps
+/// its live flow; once it stops serving, the flow moves to a serving endpoint.
+#[test]
+fn udp_flows_to_a_terminating_endpoint_last_until_it_stops_serving() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Udp, 5353);
+    lab.serve("a2", Family::V4, Listener::Udp, 5353);
+    let dns = |eps: &[&str], also: &[&str]| {
+        let mut entry = udp(service("dns", "10.96.0.53", 53, eps));
+        entry.also_serving = also
+            .iter()
+            .map(|e| {
+                let (ip, port) = e.split_once(':').expect("ip:port");
+                proxyplan_crds::Endpoint {
+                    ip: ip.to_owned(),
+                    port: port.parse().expect("port"),
+                }
+            })
+            .collect();
+        entry
+    };
+    let mut dp = lab.dataplane();
+    let flow = lab.client("ext").source_port(40010);
+    sync(&mut dp, &plan(vec![dns(&["10.244.1.10:5353"], &[])]));
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a1/5353"));
+
+    // a1 terminates, a2 is ready: new flows go to a2, the live one stays on a1.
+    let report = dp
+        .sync(
+            &plan(vec![dns(&["10.244.1.11:5353"], &["10.244.1.10:5353"])]),
+            false,
+        )
+        .expect("sync");
+    assert_eq!(report.conntrack_deleted, 0, "{report:?}");
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a1/5353"));
+    assert_eq!(
+        lab.client("ext")
+            .source_port(40011)
+            .udp("10.96.0.53", 53)
+            .backend(),
+        Some("a2/5353")
+    );
+
+    // a1 no longer serves: its flow is cut and the next datagram reaches a2.
+    let report = dp
+        .sync(&plan(vec![dns(&["10.244.1.11:5353"], &[])]), false)
+        .expect("sync");
+    if !ipvs() {
+        assert!(report.conntrack_deleted >= 1, "{report:?}");
+    }
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a2/5353"));
+}
+
 /// Cleanup leaves both families' `iptables-save` as they were before the agent came,
 /// other programs' rules included, and the Services stop being captured.
 #[test]

@@ -10,9 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use proxyplan_crds::{
     LocalTrafficDetection, LocalTrafficMode, MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan,
-    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec, revision_of,
+    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec,
+    TRIGGER_TIME_ANNOTATION, revision_of,
 };
 
 use crate::config::PlannerConfig;
@@ -163,6 +165,10 @@ pub struct Planner {
     parts: HashMap<ServiceKey, u32>,
     node_members: HashMap<String, BTreeSet<ServiceKey>>,
     dirty: BTreeSet<ObjectId>,
+    /// The newest EndpointSlice trigger time behind each Service's plan, and behind each
+    /// node plan's overlay (annotated on the objects for the agents' latency metric).
+    triggers: HashMap<ServiceKey, Timestamp>,
+    node_triggers: HashMap<String, Timestamp>,
 }
 
 impl Planner {
@@ -179,6 +185,8 @@ impl Planner {
             parts: HashMap::new(),
             node_members: HashMap::new(),
             dirty: BTreeSet::new(),
+            triggers: HashMap::new(),
+            node_triggers: HashMap::new(),
         }
     }
 
@@ -356,6 +364,7 @@ impl Planner {
     /// Removes a Node (its plan is deleted).
     pub fn delete_node(&mut self, name: &str) {
         if self.nodes.remove(name).is_some() {
+            self.node_triggers.remove(name);
             self.dirty.insert(ObjectId::Plan(name.to_owned()));
         }
     }
@@ -432,10 +441,29 @@ impl Planner {
             }
             return;
         }
+        let trigger = self
+            .slices
+            .get(key)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|s| s.trigger)
+            .max();
+        match trigger {
+            Some(t) if !new.entries.is_empty() => {
+                self.triggers.insert(key.clone(), t);
+            }
+            _ => {
+                self.triggers.remove(key);
+            }
+        }
         if old.entries != new.entries || old.owner != new.owner {
             self.dirty.insert(ObjectId::Service(key.clone(), 0));
         }
         for node in changed_keys(&old.node_overrides, &new.node_overrides) {
+            if let Some(t) = trigger {
+                let slot = self.node_triggers.entry(node.clone()).or_insert(t);
+                *slot = (*slot).max(t);
+            }
             update_membership(
                 &mut self.node_members,
                 &node,
@@ -591,10 +619,12 @@ impl Planner {
                 },
             },
             overlay,
+            ineligible: node.ineligible.clone(),
         };
         spec.revision = revision_of(&spec);
         let mut plan = NodeProxyPlan::new(&node.name, spec);
         plan.metadata = managed_meta(&node.name, None);
+        annotate_trigger(&mut plan.metadata, self.node_triggers.get(&node.name));
         plan.metadata.owner_references = node.uid.as_ref().map(|uid| {
             vec![OwnerReference {
                 api_version: "v1".to_owned(),
@@ -626,6 +656,7 @@ impl Planner {
                 let mut object = ServiceProxyPlan::new(&id.name(), spec);
                 object.metadata = managed_meta(&id.name(), Some(&key.name));
                 object.metadata.namespace = Some(key.namespace.clone());
+                annotate_trigger(&mut object.metadata, self.triggers.get(key));
                 object.metadata.owner_references = output.owner.as_ref().map(|uid| {
                     vec![OwnerReference {
                         api_version: "v1".to_owned(),
@@ -650,6 +681,16 @@ fn managed_meta(name: &str, service: Option<&str>) -> ObjectMeta {
         name: Some(name.to_owned()),
         labels: Some(labels),
         ..ObjectMeta::default()
+    }
+}
+
+/// Records on an object the EndpointSlice change behind it.
+fn annotate_trigger(meta: &mut ObjectMeta, trigger: Option<&Timestamp>) {
+    if let Some(t) = trigger {
+        meta.annotations = Some(BTreeMap::from([(
+            TRIGGER_TIME_ANNOTATION.to_owned(),
+            t.to_string(),
+        )]));
     }
 }
 

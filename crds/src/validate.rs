@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::{
-    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, SERVICE_LABEL,
-    ServicePortPlan, ServiceProxyPlan,
+    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, Protocol,
+    SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
 };
 
 /// Why a plan, or one Service's plan, cannot be used. Names the object and the field.
@@ -448,12 +448,24 @@ fn in_zone(base: &[Arc<ServicePortPlan>], zone: Option<&str>) -> Vec<Arc<Service
             let chosen = zone.and_then(|z| entry.zone_endpoints.iter().position(|l| l.zone == z));
             if let Some(at) = chosen {
                 let list = entry.zone_endpoints.swap_remove(at);
-                entry.cluster_endpoints = list.endpoints;
+                replace_cluster_endpoints(&mut entry, list.endpoints);
             }
             entry.zone_endpoints = Vec::new();
             Arc::new(entry)
         })
         .collect()
+}
+
+/// Gives `entry` the cluster endpoints a node's zone or node hints select. A UDP entry
+/// keeps the endpoints it no longer lists in `alsoServing`: they still serve, and their
+/// conntrack entries stay (kube-proxy ignores topology when it cleans up UDP flows).
+fn replace_cluster_endpoints(entry: &mut ServicePortPlan, list: Vec<Endpoint>) {
+    let old = std::mem::replace(&mut entry.cluster_endpoints, list);
+    if entry.protocol == Protocol::UDP {
+        let kept: HashSet<&Endpoint> = entry.cluster_endpoints.iter().collect();
+        let dropped: Vec<Endpoint> = old.into_iter().filter(|e| !kept.contains(e)).collect();
+        entry.also_serving.extend(dropped);
+    }
 }
 
 /// The Service a plan object is for: its `proxyplan.dev/service` label, else its name
@@ -865,10 +877,11 @@ fn apply_override(
     // Copied only now: the cached entry stays as its object has it.
     let entry = Arc::make_mut(entry);
     if let Some(list) = &o.cluster_endpoints {
-        entry.cluster_endpoints.clone_from(list);
+        replace_cluster_endpoints(entry, list.clone());
     }
     if let Some(list) = &o.local_endpoints {
         entry.local_endpoints.clone_from(list);
+        entry.local_terminating = o.local_terminating;
     }
     Ok(())
 }
@@ -1134,6 +1147,7 @@ impl Checker<'_> {
                 e.family,
             )?;
         }
+        self.endpoints(&at("alsoServing"), &e.also_serving, e.family)?;
         self.endpoints(&at("localEndpoints"), &e.local_endpoints, e.family)
     }
 }

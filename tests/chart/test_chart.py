@@ -215,7 +215,7 @@ class Defaults(unittest.TestCase):
 
     def test_ipvs_sysctls_init_container(self) -> None:
         pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
-        (init,) = pod["initContainers"]
+        (_, init) = pod["initContainers"]
         self.assertEqual(init["name"], "ipvs-sysctls")
         self.assertIs(init["securityContext"]["privileged"], True)
         script = init["command"][-1]
@@ -231,8 +231,8 @@ class Defaults(unittest.TestCase):
         strict = render({"agent": {"ipvs": {"strictARP": True, "scheduler": "mh",
                                             "excludeCIDRs": ["10.0.0.0/8", "fd00::/8"]}}})
         spec = find(strict, "DaemonSet")["spec"]["template"]["spec"]
-        self.assertIn("arp_ignore=1", spec["initContainers"][0]["command"][-1])
-        self.assertIn("ip_vs_mh", spec["initContainers"][0]["command"][-1])
+        self.assertIn("arp_ignore=1", spec["initContainers"][1]["command"][-1])
+        self.assertIn("ip_vs_mh", spec["initContainers"][1]["command"][-1])
         args = container(strict, "DaemonSet")["args"]
         for flag in ("--ipvs-strict-arp", "--ipvs-scheduler=mh",
                      "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/8"):
@@ -243,8 +243,9 @@ class Defaults(unittest.TestCase):
         for flag in ("--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s",
                      "--ipvs-udp-timeout=0s"):
             self.assertIn(flag, args)
-        script = find(self.objects, "DaemonSet")["spec"]["template"]["spec"][
-            "initContainers"][0]["command"][-1]
+        (init,) = [c for c in find(self.objects, "DaemonSet")["spec"]["template"]["spec"][
+            "initContainers"] if c["name"] == "ipvs-sysctls"]
+        script = init["command"][-1]
         self.assertIn("4.[1-9]*|5.[0-8].*|5.[0-8]-*)", script)
         self.assertIn("/proc/sys/net/ipv4/vs/conn_reuse_mode", script)
         custom = render({"agent": {"ipvs": {"tcpTimeout": "1h", "tcpFinTimeout": "30s",
@@ -254,10 +255,37 @@ class Defaults(unittest.TestCase):
                      "--ipvs-udp-timeout=5m"):
             self.assertIn(flag, args)
 
+    def test_node_setup_init_container_sets_conntrack_sysctls(self) -> None:
+        pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
+        setup = pod["initContainers"][0]
+        self.assertEqual(setup["name"], "node-setup")
+        self.assertIs(setup["securityContext"]["privileged"], True)
+        self.assertEqual(setup["args"][0], "setup")
+        defaults = (
+            "--conntrack-max-per-core=32768",
+            "--conntrack-min=131072",
+            "--conntrack-tcp-timeout-established=24h",
+            "--conntrack-tcp-timeout-close-wait=1h",
+            "--conntrack-udp-timeout=0s",
+            "--conntrack-udp-timeout-stream=0s",
+        )
+        for flag in defaults:
+            self.assertIn(flag, setup["args"])
+            self.assertIn(flag, container(self.objects, "DaemonSet")["args"])
+        self.assertNotIn("--conntrack-tcp-be-liberal", setup["args"])
+        objects = render({"agent": {"mode": "iptables",
+                                    "iptables": {"localhostNodePorts": True},
+                                    "conntrack": {"tcpBeLiberal": True, "maxPerCore": 0}}})
+        setup = find(objects, "DaemonSet")["spec"]["template"]["spec"]["initContainers"][0]
+        for flag in ("--conntrack-tcp-be-liberal", "--iptables-localhost-nodeports",
+                     "--conntrack-max-per-core=0"):
+            self.assertIn(flag, setup["args"])
+            self.assertIn(flag, container(objects, "DaemonSet")["args"])
+
     def test_iptables_mode_has_no_ipvs_parts(self) -> None:
         objects = render({"agent": {"mode": "iptables"}})
         pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
-        self.assertNotIn("initContainers", pod)
+        self.assertEqual([c["name"] for c in pod["initContainers"]], ["node-setup"])
         args = container(objects, "DaemonSet")["args"]
         self.assertIn("--mode=iptables", args)
         self.assertFalse([a for a in args if a.startswith("--ipvs")])

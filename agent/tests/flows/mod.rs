@@ -904,6 +904,8 @@ pub fn port(name: &str, cluster_ip: &str, port: u16) -> ServicePortPlan {
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 

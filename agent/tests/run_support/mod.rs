@@ -738,6 +738,8 @@ pub fn mk_entry(name: &str, cluster_ip: &str, cluster_endpoints: &[&str]) -> Ser
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 
@@ -772,6 +774,7 @@ pub fn local_override(key: &str, local: &[&str]) -> EndpointOverride {
         key: key.to_owned(),
         cluster_endpoints: None,
         local_endpoints: Some(endpoints(local)),
+        local_terminating: false,
     }
 }
 
@@ -824,6 +827,7 @@ pub fn mk_plan(
                 cidrs: vec!["10.244.0.0/16".to_owned()],
             },
             overlay,
+            ineligible: None,
         },
         status: None,
     }

@@ -61,6 +61,8 @@ pub fn service(name: &str, cluster_ip: &str, port: u16, endpoints: &[&str]) -> S
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 

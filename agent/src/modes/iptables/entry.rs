@@ -86,6 +86,17 @@ impl EntryRules<'_> {
         if let Some(external) = self.entry.external {
             self.external(out, &external);
         }
+        if let Some(port) = self.entry.health_check_node_port {
+            // As kube-proxy: accepted whether or not there are local endpoints, for
+            // nodes whose INPUT policy drops what no rule accepts.
+            out.filter(
+                names::HEALTH_CHECKS,
+                format!(
+                    "{} -m tcp -p tcp --dport {port} -j ACCEPT",
+                    self.comment("health check node port")
+                ),
+            );
+        }
     }
 
     fn internal(&self, out: &mut Builder<'_>) {
