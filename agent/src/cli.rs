@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::conntrack::ConntrackSysctls;
-use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::ipvs::{IpvsTimeouts, NetlinkKernel};
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
@@ -100,6 +100,27 @@ struct IpvsArgs {
     /// is deleted even with connections left (UDP real servers go at once).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "120s")]
     ipvs_termination_grace: Duration,
+    /// ipvs mode: IPVS's idle timeout of established TCP connections (ipvsadm --set),
+    /// whole seconds; 0 leaves the kernel's value (900 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_tcp_timeout: u32,
+    /// ipvs mode: IPVS's timeout of TCP connections after a FIN, whole seconds; 0 leaves
+    /// the kernel's value (120 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_tcpfin_timeout: u32,
+    /// ipvs mode: IPVS's timeout of UDP flows, whole seconds; 0 leaves the kernel's value
+    /// (300 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_udp_timeout: u32,
+}
+
+/// An IPVS timeout: a duration of whole seconds (IPVS counts in seconds), as seconds.
+fn parse_ipvs_timeout(text: &str) -> Result<u32, String> {
+    let duration = parse_duration(text)?;
+    if duration.subsec_nanos() != 0 {
+        return Err(format!("{text:?}: IPVS timeouts are whole seconds"));
+    }
+    u32::try_from(duration.as_secs()).map_err(|_| format!("{text:?} is too long"))
 }
 
 fn parse_interface(name: &str) -> Result<String, String> {
@@ -378,6 +399,9 @@ fn dataplane(
                 ipvs_strict_arp,
                 ipvs_interface,
                 ipvs_termination_grace,
+                ipvs_tcp_timeout,
+                ipvs_tcpfin_timeout,
+                ipvs_udp_timeout,
             } = ipvs;
             let nodeport_cidrs = render
                 .nodeport_cidrs
@@ -392,6 +416,11 @@ fn dataplane(
                 nodeport_cidrs,
                 strict_arp: *ipvs_strict_arp,
                 termination_grace: *ipvs_termination_grace,
+                timeouts: IpvsTimeouts {
+                    tcp: *ipvs_tcp_timeout,
+                    tcp_fin: *ipvs_tcpfin_timeout,
+                    udp: *ipvs_udp_timeout,
+                },
             };
             Ok(Box::new(IpvsDataplane::new(
                 settings,
@@ -597,5 +626,21 @@ fn print_merged(merged: &proxyplan_crds::MergedPlan) {
             print!(" (internal: {:?})", entry.internal.when_empty);
         }
         println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ipvs_timeout;
+
+    #[test]
+    fn ipvs_timeouts_are_whole_seconds() {
+        assert_eq!(parse_ipvs_timeout("0s"), Ok(0));
+        assert_eq!(parse_ipvs_timeout("0"), Ok(0));
+        assert_eq!(parse_ipvs_timeout("1h"), Ok(3600));
+        assert_eq!(parse_ipvs_timeout("15m30s"), Ok(930));
+        assert!(parse_ipvs_timeout("1.5s").is_err());
+        assert!(parse_ipvs_timeout("500ms").is_err());
+        assert!(parse_ipvs_timeout("forever").is_err());
     }
 }

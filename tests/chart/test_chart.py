@@ -239,6 +239,23 @@ class Defaults(unittest.TestCase):
                      "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/8"):
             self.assertIn(flag, args)
 
+    def test_ipvs_timeouts_and_conn_reuse_mode(self) -> None:
+        args = container(self.objects, "DaemonSet")["args"]
+        for flag in ("--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s",
+                     "--ipvs-udp-timeout=0s"):
+            self.assertIn(flag, args)
+        (init,) = [c for c in find(self.objects, "DaemonSet")["spec"]["template"]["spec"][
+            "initContainers"] if c["name"] == "ipvs-sysctls"]
+        script = init["command"][-1]
+        self.assertIn("4.[1-9]*|5.[0-8].*|5.[0-8]-*)", script)
+        self.assertIn("/proc/sys/net/ipv4/vs/conn_reuse_mode", script)
+        custom = render({"agent": {"ipvs": {"tcpTimeout": "1h", "tcpFinTimeout": "30s",
+                                            "udpTimeout": "5m"}}})
+        args = container(custom, "DaemonSet")["args"]
+        for flag in ("--ipvs-tcp-timeout=1h", "--ipvs-tcpfin-timeout=30s",
+                     "--ipvs-udp-timeout=5m"):
+            self.assertIn(flag, args)
+
     def test_node_setup_init_container_sets_conntrack_sysctls(self) -> None:
         pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
         setup = pod["initContainers"][0]
@@ -472,6 +489,7 @@ class Schema(unittest.TestCase):
             {"agent": {"mode": "userspace"}},
             {"agent": {"ipvs": {"interface": "a-name-far-too-long"}}},
             {"agent": {"ipvs": {"excludeCIDRs": ["10.0.0.1"]}}},
+            {"agent": {"ipvs": {"tcpTimeout": "500ms"}}},
             {"agent": {"iptablesBackend": "both"}},
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
