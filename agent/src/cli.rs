@@ -290,6 +290,12 @@ struct RunArgs {
     /// Address of /metrics (kube-proxy's port).
     #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:10249")]
     metrics_bind_address: SocketAddr,
+    /// Directory for what must outlive an agent restart but not a reboot (a tmpfs): the
+    /// health-check node ports' last answers, served again by a restarted agent while the
+    /// kernel holds its rules and it has no plan of its own applied yet (a refused plan,
+    /// an unreachable API server). Empty keeps nothing.
+    #[arg(long, value_name = "DIR", default_value = "/run/proxyplan")]
+    state_dir: PathBuf,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
@@ -441,6 +447,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
+        state_dir,
         log,
         dataplane: dataplane_args,
         render,
@@ -467,6 +474,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
+        state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(run::run(settings, dataplane))?;

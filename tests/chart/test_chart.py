@@ -301,6 +301,10 @@ class Defaults(unittest.TestCase):
         self.assertIs(modules["readOnly"], True)
         self.assertEqual(volumes[modules["name"]]["hostPath"]["path"], "/lib/modules")
         self.assertNotIn("readOnly", mounts["/run/xtables.lock"])
+        # The health-check record outlives the pod, not the node's boot (/run is a tmpfs).
+        state = volumes[mounts["/run/proxyplan"]["name"]]
+        self.assertEqual(state["hostPath"], {"path": "/run/proxyplan", "type": "DirectoryOrCreate"})
+        self.assertIn("--state-dir=/run/proxyplan", container(self.objects, "DaemonSet")["args"])
 
     def test_agent_env_probes_ports(self) -> None:
         c = container(self.objects, "DaemonSet")

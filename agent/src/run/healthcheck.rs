@@ -210,7 +210,12 @@ impl HealthCheckServers {
     /// Starts, updates and stops servers to match `plan`. A port that cannot be bound is
     /// logged and tried again at the next update.
     pub fn update(&mut self, plan: &MergedPlan) {
-        let wanted = wanted_ports(plan);
+        self.serve(wanted_ports(plan), &plan.addresses);
+    }
+
+    /// Starts, updates and stops servers to answer `wanted` on the node's
+    /// `node_addresses` (those inside `--nodeport-addresses`).
+    pub fn serve(&mut self, wanted: BTreeMap<u16, ServiceHealth>, node_addresses: &[IpAddr]) {
         self.servers.retain(|port, _| {
             let keep = wanted.contains_key(port);
             if !keep {
@@ -218,7 +223,7 @@ impl HealthCheckServers {
             }
             keep
         });
-        let addresses = self.bind_addresses(&plan.addresses);
+        let addresses = self.bind_addresses(node_addresses);
         for (port, service) in wanted {
             if let Some(server) = self.servers.get_mut(&port)
                 && server.addresses == addresses

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod healthcheck;
 pub mod http;
 pub mod plan_file;
+pub mod record;
 pub mod schedule;
 pub mod status;
 pub mod sync;
@@ -81,6 +82,9 @@ pub struct Settings {
     pub healthz_bind_address: SocketAddr,
     /// `/metrics` address.
     pub metrics_bind_address: SocketAddr,
+    /// Where the agent keeps its [`record::HealthCheckRecord`] (a tmpfs such as
+    /// `/run/proxyplan`, cleared by a reboot with the kernel state); `None` keeps none.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Why the agent stopped.
