@@ -82,6 +82,7 @@ fn settings() -> Settings {
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
         state_dir: None,
+        nodeport_primary: false,
     }
 }
 

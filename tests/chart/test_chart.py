@@ -439,6 +439,10 @@ class Overrides(unittest.TestCase):
         self.assertEqual(c["imagePullPolicy"], "Always")
         self.assertEqual(find(self.objects, "Deployment")["spec"]["replicas"], 3)
 
+    def test_nodeport_addresses_primary(self) -> None:
+        args = container(render({"agent": {"nodeportAddresses": ["primary"]}}), "DaemonSet")["args"]
+        self.assertIn("--nodeport-addresses=primary", args)
+
     def test_interface_detection_flags(self) -> None:
         args = container(
             render({"controller": {"detectLocalMode": "InterfaceNamePrefix", "podInterfaceNamePrefix": "veth"}}),
@@ -498,6 +502,7 @@ class Schema(unittest.TestCase):
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
             {"controller": {"podBridgeInterface": "a/b"}},
+            {"agent": {"nodeportAddresses": ["primary-ish"]}},
             {"controller": {"podInterfaceNamePrefix": "name-longer-than-15"}},
             {"controller": {"clusterShards": 64}},
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},

@@ -181,6 +181,7 @@ impl Drop for PortServer {
 /// The health-check servers, one per port the applied plan asks for.
 pub struct HealthCheckServers {
     nodeport_addresses: Vec<Cidr>,
+    primary: bool,
     health: Arc<Health>,
     servers: BTreeMap<u16, PortServer>,
 }
@@ -188,10 +189,12 @@ pub struct HealthCheckServers {
 impl HealthCheckServers {
     /// Servers listening on the node addresses inside `nodeport_addresses` (every
     /// address when empty), answering with `health` as the proxy's health.
+    /// With `primary` (`--nodeport-addresses primary`) only on the node's primary IPs.
     #[must_use]
-    pub fn new(nodeport_addresses: Vec<Cidr>, health: Arc<Health>) -> Self {
+    pub fn new(nodeport_addresses: Vec<Cidr>, primary: bool, health: Arc<Health>) -> Self {
         Self {
             nodeport_addresses,
+            primary,
             health,
             servers: BTreeMap::new(),
         }
@@ -243,6 +246,9 @@ impl HealthCheckServers {
     }
 
     fn bind_addresses(&self, node_addresses: &[IpAddr]) -> Vec<IpAddr> {
+        if self.primary {
+            return proxyplan_crds::primary_addresses(node_addresses);
+        }
         if self.nodeport_addresses.is_empty() {
             return vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
         }

@@ -70,6 +70,9 @@ pub struct Settings {
     /// Health-check node ports listen on the node's addresses inside these CIDRs; empty
     /// means every address.
     pub nodeport_addresses: Vec<Cidr>,
+    /// `--nodeport-addresses primary`: health-check node ports listen on the node's
+    /// primary IPs only.
+    pub nodeport_primary: bool,
     /// Minimum time between two syncs: changes arriving faster are coalesced.
     pub min_sync_interval: Duration,
     /// Time between periodic resyncs (with a canary check); `/healthz` fails when a

@@ -98,6 +98,7 @@ impl SyncLoop {
             status,
             healthchecks: HealthCheckServers::new(
                 settings.nodeport_addresses.clone(),
+                settings.nodeport_primary,
                 health.clone(),
             ),
             metrics,
