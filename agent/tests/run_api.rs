@@ -655,6 +655,12 @@ async fn failing_syncs_degrade_and_flip_healthz_to_503() {
             "proxyplan_agent_sync_errors_total{reason=\"tool_failed\"}"
         ) >= 1.0
     );
+    assert!(
+        metric_value(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}"
+        ) >= 1.0
+    );
 
     agent.dataplane.fail.store(false, Ordering::SeqCst);
     eventually_http(agent.healthz, "/healthz", |code, _| code == 200).await;
@@ -795,6 +801,21 @@ async fn metrics_use_kube_proxy_names() {
     assert_eq!(
         metric_value(&text, "proxyplan_agent_rules{mode=\"iptables\"}"),
         24.0
+    );
+    // The stale-UDP step of that sync, per family (the fake deleted 2 IPv4 entries).
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("kubeproxy_conntrack_reconciler_deleted_entries_total{V4}")
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("kubeproxy_conntrack_reconciler_sync_duration_seconds_count{V4}")
+        ),
+        1.0
     );
     assert!(
         !text.contains("kubeproxy_network_programming_duration_seconds_count"),

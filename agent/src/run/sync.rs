@@ -434,6 +434,9 @@ impl SyncLoop {
         metrics
             .conntrack_deleted
             .inc_by(u64::try_from(report.conntrack_deleted).unwrap_or(u64::MAX));
+        if let Some(run) = report.conntrack {
+            metrics.observe_conntrack(&self.families, run.elapsed, run.deleted);
+        }
         metrics.service_ports.set(i64::from(applied.service_ports));
         metrics.endpoints.set(i64::from(applied.endpoints));
         self.healthchecks.update(&applied.plan);
@@ -463,6 +466,16 @@ impl SyncLoop {
 
     fn sync_failed(&mut self, error: &DataplaneError) {
         error!(%error, "sync failed; retrying with backoff while the kernel keeps what it had");
+        if let DataplaneError::ToolFailed { tool, .. } = error
+            && tool.contains("tables-restore")
+        {
+            let family = if tool.contains("ip6tables") {
+                "IPv6"
+            } else {
+                "IPv4"
+            };
+            self.metrics.restore_failure(family);
+        }
         self.metrics
             .sync_errors
             .get_or_create(&ReasonLabels {
