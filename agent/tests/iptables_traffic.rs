@@ -34,6 +34,22 @@ fn dataplane(lab: &Lab, settings: RenderSettings) -> IptablesDataplane<CommandRu
     )
 }
 
+/// A lab whose pod `a1` serves TCP 8080, and `web`: node port 30080 to it.
+fn web_on_node_port() -> Option<(Lab, ServicePortPlan)> {
+    let lab = Lab::new(&["a1"])?;
+    lab.serve(
+        "a1",
+        proxyplan_agent::kernel::Family::V4,
+        Listener::Tcp,
+        8080,
+    );
+    let web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    Some((lab, web))
+}
+
 fn assert_unreachable(what: &str, outcome: &Outcome) {
     assert!(outcome.backend().is_none(), "{what}: {outcome:?}");
 }
@@ -141,19 +157,9 @@ fn invalid_forwarded_packets_are_dropped_unless_conntrack_is_liberal() {
 /// IPv4 only): then route_localnet is set and kube-proxy's martian guard comes with it.
 #[test]
 fn localhost_node_ports_only_with_their_flag() {
-    let Some(lab) = Lab::new(&["a1"]) else {
+    let Some((lab, web)) = web_on_node_port() else {
         return;
     };
-    lab.serve(
-        "a1",
-        proxyplan_agent::kernel::Family::V4,
-        Listener::Tcp,
-        8080,
-    );
-    let web = node_port(
-        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
-        30080,
-    );
     let localhost = || {
         lab.client("node")
             .limit(Duration::from_millis(500))
@@ -194,23 +200,13 @@ fn localhost_node_ports_only_with_their_flag() {
 /// which answer by default.
 #[test]
 fn node_ports_on_primary_addresses_only() {
-    let Some(lab) = Lab::new(&["a1"]) else {
+    let Some((lab, web)) = web_on_node_port() else {
         return;
     };
-    lab.serve(
-        "a1",
-        proxyplan_agent::kernel::Family::V4,
-        Listener::Tcp,
-        8080,
-    );
     let other = "198.51.100.7";
     lab.exec(
         "node",
         &["ip", "addr", "add", &format!("{other}/32"), "dev", "lo"],
-    );
-    let web = node_port(
-        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
-        30080,
     );
     let mut node_plan = plan(vec![web]);
     node_plan.addresses.push(other.parse().unwrap());

@@ -132,6 +132,21 @@ impl Faults {
         Ok(())
     }
 
+    /// The node plan's Ready condition: status, reason, message.
+    async fn node_ready(&self) -> Result<Option<(String, String, String)>, String> {
+        let plan = self
+            .node_plans()
+            .get(NODE)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(plan
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone())))
+    }
+
     /// An agent restarted while its plan is refused (a hand edit the agent's validation
     /// refuses; the controller, which would repair it, is down) keeps the kernel as it was,
     /// stays live, and its health-check node port answers as before the restart (from its
@@ -199,23 +214,14 @@ impl Faults {
         }
         let started = Instant::now();
         self.start_agent().await?;
-        let refused = wait_for("the restarted agent to refuse its plan", WAIT, async || {
-            let plan = self
-                .node_plans()
-                .get(NODE)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = plan
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter())
-                .find(|c| c.type_ == "Ready")
-                .map(|c| (c.reason.clone(), c.message.clone()));
-            match ready {
-                Some((reason, message)) if reason == "InvalidPlan" => Ok(message),
+        let refused = wait_for(
+            "the restarted agent to refuse its plan",
+            WAIT,
+            async || match self.node_ready().await? {
+                Some((_, reason, message)) if reason == "InvalidPlan" => Ok(message),
                 other => Err(format!("Ready {other:?}")),
-            }
-        })
+            },
+        )
         .await
         .map_err(|e| format!("{e}\n{}", self.agent_log_tail()));
         let took = started.elapsed();
@@ -243,23 +249,14 @@ impl Faults {
                 line_diff(&before, &after)
             ));
         }
-        wait_for("the repaired plan to be applied", WAIT, async || {
-            let plan = self
-                .node_plans()
-                .get(NODE)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = plan
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter())
-                .find(|c| c.type_ == "Ready")
-                .map(|c| (c.reason.clone(), c.status.clone()));
-            match ready {
-                Some((reason, status)) if reason == "Synced" && status == "True" => Ok(()),
+        wait_for(
+            "the repaired plan to be applied",
+            WAIT,
+            async || match self.node_ready().await? {
+                Some((status, reason, _)) if reason == "Synced" && status == "True" => Ok(()),
                 other => Err(format!("Ready {other:?}")),
-            }
-        })
+            },
+        )
         .await?;
         let applied = repaired.elapsed();
         let served_again = answer(&netns);
