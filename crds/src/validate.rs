@@ -315,6 +315,19 @@ impl MergeCache {
             .is_some_and(|c| c.version == resource_version)
     }
 
+    /// Validates `object`'s entries as a merge for a node in `zone` would and holds them,
+    /// for a caller that receives objects one at a time before it can merge (an initial
+    /// list): returns whether the cache now holds this version, after which the caller may
+    /// drop its copy of the entries. A refused or unversioned object is left to the
+    /// merge, which reports it.
+    pub fn hold(&mut self, object: &ServiceProxyPlan, zone: Option<&str>) -> bool {
+        let key = object_key(object);
+        let taken = take_cached(self, object, &key, zone, || {
+            ObjectEntries::Borrowed(&object.spec.service_ports)
+        });
+        taken.version.is_some() && taken.refused.is_none() && taken.entries.is_some()
+    }
+
     /// Drops what it holds of object `namespace/name`.
     pub fn forget(&mut self, object: &str) {
         self.objects.remove(object);

@@ -231,7 +231,15 @@ impl PlanCache {
                 self.services_relist = Some(Vec::new());
                 Change::default()
             }
-            Event::InitApply(object) => {
+            Event::InitApply(mut object) => {
+                // Validated into the merge cache as it arrives, so that a list of
+                // thousands of Service plans is never held twice (objects and entries).
+                let zone = self.plan.as_ref().and_then(|p| p.spec.zone.clone());
+                if let Ok(plan) = &mut object.object
+                    && self.merges.0.hold(plan, zone.as_deref())
+                {
+                    plan.spec.service_ports = Vec::new();
+                }
                 self.services_relist
                     .get_or_insert_with(Vec::new)
                     .push(object);
@@ -495,6 +503,30 @@ mod tests {
             cache.service_event(Event::InitApply(s));
         }
         cache.service_event(Event::InitDone);
+    }
+
+    /// A listed Service plan goes into the merge cache as it arrives: the list is never
+    /// held twice, and the merge after it has every entry.
+    #[test]
+    fn listed_service_plans_are_held_by_the_merge_cache_as_they_arrive() {
+        let mut cache = PlanCache::default();
+        cache.plan_event(Event::Init);
+        cache.plan_event(Event::InitApply(plan("r1")));
+        cache.plan_event(Event::InitDone);
+        cache.service_event(Event::Init);
+        cache.service_event(Event::InitApply(service("a", "1", &["x", "y"])));
+        let relist = cache.services_relist.as_ref().unwrap();
+        let object = relist[0].object.as_ref().unwrap();
+        assert!(
+            object.spec.service_ports.is_empty(),
+            "entries moved at once"
+        );
+        assert!(cache.merges.holds(object));
+        cache.service_event(Event::InitDone);
+        assert_eq!(
+            keys(&cache.evaluate()),
+            ["demo/a:x/TCP/IPv4", "demo/a:y/TCP/IPv4"]
+        );
     }
 
     fn keys(outcome: &PlanOutcome) -> Vec<String> {
