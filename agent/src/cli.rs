@@ -12,7 +12,10 @@ use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
+use proxyplan_agent::kernel::nftables::NetlinkNft;
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
+use proxyplan_agent::modes::nftables::rules::Net;
+use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
 use proxyplan_crds::TrafficPolicy;
 use proxyplan_crds::runtime::parse_duration;
@@ -242,6 +245,18 @@ fn dataplane(
         IptablesBackend::Legacy => BackendChoice::Legacy,
     };
     match mode {
+        ProxyMode::Nftables => Ok(Box::new(NftablesDataplane::new(
+            NftablesSettings {
+                masquerade_bit: render.masquerade_bit,
+                nodeport_cidrs: render
+                    .nodeport_cidrs
+                    .iter()
+                    .filter_map(|c| Net::parse(c))
+                    .collect(),
+            },
+            NetlinkNft::new(),
+            CommandRunner::new(),
+        ))),
         ProxyMode::Iptables => Ok(Box::new(IptablesDataplane::with_backend_choice(
             render,
             CommandRunner::new(),

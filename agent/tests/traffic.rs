@@ -189,6 +189,19 @@ fn ipvs() -> bool {
     traffic_support::mode_under_test() == ProxyMode::Ipvs
 }
 
+/// Whether the suite runs in nftables mode, where a few behaviours differ from iptables
+/// mode exactly as kube-proxy's nftables mode differs from its iptables mode.
+fn nftables() -> bool {
+    traffic_support::mode_under_test() == ProxyMode::Nftables
+}
+
+/// The entry as SCTP.
+fn sctp(mut entry: ServicePortPlan) -> ServicePortPlan {
+    entry.protocol = proxyplan_crds::Protocol::SCTP;
+    entry.key = entry.key.replace("/TCP/", "/SCTP/");
+    entry
+}
+
 fn sync(dp: &mut impl Dataplane, plan: &MergedPlan) {
     dp.sync(plan, false).expect("sync");
 }
@@ -674,8 +687,9 @@ fn service_without_endpoints_is_rejected() {
     assert_rejected("load-balancer IP", || ext.tcp("192.0.2.13", 80));
 }
 
-/// Someone flushes and deletes every nat chain: the canary notices, the next sync puts
-/// the rules back and traffic flows again.
+/// Someone flushes and deletes every nat chain (in nftables mode: flushes the agent's
+/// dispatch chain, deletes an element, deletes the table): the canary notices, the next
+/// sync puts the rules back and traffic flows again.
 #[test]
 fn flushed_rules_are_noticed_and_restored() {
     let Some(lab) = Lab::new(&["a1", "a2"]) else {
@@ -694,6 +708,37 @@ fn flushed_rules_are_noticed_and_restored() {
     assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
     assert!(dp.rules_intact().expect("canary"));
 
+    if nftables() {
+        // A commit to another table is not tampering.
+        lab.exec("node", &["nft", "add", "table", "inet", "someone-else"]);
+        assert!(dp.rules_intact().expect("canary"));
+        let tamper: [&[&str]; 3] = [
+            &["nft", "flush", "chain", "ip", "proxyplan", "services"],
+            &[
+                "nft",
+                "delete",
+                "element",
+                "ip",
+                "proxyplan",
+                "service-ips",
+                "{ 10.96.0.10 . tcp . 80 }",
+            ],
+            &["nft", "delete", "table", "ip", "proxyplan"],
+        ];
+        for command in tamper {
+            lab.exec("node", command);
+            assert_eq!(pod.tcp("10.96.0.10", 80).backend(), None, "{command:?}");
+            assert!(!dp.rules_intact().expect("canary"), "{command:?} not noticed");
+            sync(&mut dp, &plan);
+            assert!(dp.rules_intact().expect("canary"), "{command:?} not repaired");
+            assert_eq!(
+                pod.tcp("10.96.0.10", 80).backend(),
+                Some("a1/8080"),
+                "{command:?}"
+            );
+        }
+        return;
+    }
     lab.exec("node", &["iptables-nft", "-t", "nat", "-F"]);
     lab.exec("node", &["iptables-nft", "-t", "nat", "-X"]);
     if ipvs() {
@@ -706,6 +751,75 @@ fn flushed_rules_are_noticed_and_restored() {
     sync(&mut dp, &plan);
     assert!(dp.rules_intact().expect("canary"));
     assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+}
+
+/// A port the Service does not have, on its cluster IP: kube-proxy's iptables mode
+/// leaves it alone (routed on, nothing answers here), its ipvs mode refuses it (the
+/// VIP is the node's own address) and its nftables mode rejects it ("Reject traffic to
+/// invalid ports of ClusterIPs"); TCP to a UDP-only cluster IP is the same.
+#[test]
+fn unknown_port_of_a_cluster_ip() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let mut dp = lab.dataplane();
+    sync(
+        &mut dp,
+        &plan(vec![
+            service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+            udp(service("dns", "10.96.0.53", 53, &["10.244.1.10:5353"])),
+        ]),
+    );
+    let pod = lab.client("a2").limit(Duration::from_secs(1));
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+    for (addr, port) in [("10.96.0.10", 81), ("10.96.0.53", 53)] {
+        let probe = || pod.tcp(addr, port);
+        if ipvs() || nftables() {
+            assert_rejected(&format!("{addr}:{port}"), probe);
+        } else {
+            assert_dropped(&format!("{addr}:{port}"), probe);
+        }
+    }
+}
+
+/// An SCTP Service: a pod's packets reach the endpoint with their source, an
+/// off-cluster client's are masqueraded; IPv4 and IPv6.
+#[test]
+fn sctp_service_reaches_its_endpoint() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    let mut dp = lab.dataplane();
+    sync(
+        &mut dp,
+        &plan(vec![
+            sctp(service("sctp", "10.96.0.100", 9999, &["10.244.1.10:9999"])),
+            sctp(service(
+                "sctp6",
+                "fd00:10:96::100",
+                9999,
+                &["[fd00:10:244:1::10]:9999"],
+            )),
+        ]),
+    );
+    for (family, vip, pod_source, gw) in [
+        (Family::V4, "10.96.0.100", "10.244.1.11", NODE_POD_GW_V4),
+        (Family::V6, "fd00:10:96::100", "fd00:10:244:1::11", NODE_POD_GW_V6),
+    ] {
+        for (client, source) in [("a2", pod_source), ("ext", gw)] {
+            let listener = lab.sctp_listen("a1", family, 9999);
+            lab.client(client).sctp(vip, 9999);
+            assert_eq!(
+                listener.outcome(),
+                Outcome::Served {
+                    backend: "a1/9999".into(),
+                    source: ip(source),
+                },
+                "{client} -> {vip}"
+            );
+        }
+    }
 }
 
 /// Hairpin: a pod reaching itself through its Service is answered, and sees the node's
@@ -772,10 +886,14 @@ fn ipv6_service_keeps_pod_source_and_masquerades_off_cluster_clients() {
     assert_eq!(sources(&node_port, "r1/8080"), only(NODE_TO_REMOTE_V6));
     assert!(!sources(&from_ext, "a1/8080").contains(&ip(EXT_V6)));
     // Nothing for IPv4 was programmed.
-    assert!(
-        !lab.node_rules(Backend::Nft, Family::V4)
-            .contains(names::SERVICES)
-    );
+    if nftables() {
+        assert!(!lab.node_nft().contains("table ip proxyplan"));
+    } else {
+        assert!(
+            !lab.node_rules(Backend::Nft, Family::V4)
+                .contains(names::SERVICES)
+        );
+    }
 }
 
 /// A UDP Service reaches every endpoint; pods keep their address, off-cluster clients are
@@ -787,6 +905,8 @@ fn udp_service_reaches_every_endpoint() {
     };
     lab.serve("a1", Family::V4, Listener::Udp, 5353);
     lab.serve("r1", Family::V4, Listener::Udp, 5353);
+    lab.serve("a1", Family::V6, Listener::Udp, 5353);
+    lab.serve("r1", Family::V6, Listener::Udp, 5353);
     let mut dp = lab.dataplane();
     let dns = udp(service(
         "dns",
@@ -794,14 +914,25 @@ fn udp_service_reaches_every_endpoint() {
         53,
         &["10.244.1.10:5353", "10.244.2.10:5353"],
     ));
-    sync(&mut dp, &plan(vec![dns]));
+    let dns6 = udp(service(
+        "dns6",
+        "fd00:10:96::53",
+        53,
+        &["[fd00:10:244:1::10]:5353", "[fd00:10:244:2::10]:5353"],
+    ));
+    sync(&mut dp, &plan(vec![dns, dns6]));
     let want = ["a1/5353", "r1/5353"];
-    let from_pod = until_all(&want, 40, || lab.client("a2").udp("10.96.0.53", 53));
-    assert_eq!(sources(&from_pod, "a1/5353"), only("10.244.1.11"));
-    assert_eq!(sources(&from_pod, "r1/5353"), only("10.244.1.11"));
-    let from_ext = until_all(&want, 40, || lab.client("ext").udp("10.96.0.53", 53));
-    assert_eq!(sources(&from_ext, "a1/5353"), only(NODE_POD_GW_V4));
-    assert_eq!(sources(&from_ext, "r1/5353"), only(NODE_TO_REMOTE_V4));
+    for (vip, pod, gw, remote) in [
+        ("10.96.0.53", "10.244.1.11", NODE_POD_GW_V4, NODE_TO_REMOTE_V4),
+        ("fd00:10:96::53", "fd00:10:244:1::11", NODE_POD_GW_V6, NODE_TO_REMOTE_V6),
+    ] {
+        let from_pod = until_all(&want, 40, || lab.client("a2").udp(vip, 53));
+        assert_eq!(sources(&from_pod, "a1/5353"), only(pod), "{vip}");
+        assert_eq!(sources(&from_pod, "r1/5353"), only(pod), "{vip}");
+        let from_ext = until_all(&want, 40, || lab.client("ext").udp(vip, 53));
+        assert_eq!(sources(&from_ext, "a1/5353"), only(gw), "{vip}");
+        assert_eq!(sources(&from_ext, "r1/5353"), only(remote), "{vip}");
+    }
 }
 
 /// Endpoints and Services added and removed one sync at a time; each change shows in the
@@ -980,6 +1111,20 @@ fn cleanup_leaves_iptables_as_before() {
         }
     }
     let before = [Family::V4, Family::V6].map(|f| lab.node_rules(Backend::Nft, f));
+    // Other programs' nf_tables tables, kube-proxy's among them.
+    for command in [
+        "add table ip kube-proxy",
+        "add chain ip kube-proxy services",
+        "add rule ip kube-proxy services ip daddr 10.96.0.10 counter",
+        "add table inet firewall",
+        "add chain inet firewall input { type filter hook input priority 0; }",
+        "add rule inet firewall input tcp dport 22 accept",
+    ] {
+        let mut argv = vec!["nft"];
+        argv.extend(command.split_whitespace());
+        lab.exec("node", &argv);
+    }
+    let nft_before = lab.node_nft();
     lab.serve("a1", Family::V4, Listener::Tcp, 8080);
     lab.serve("a1", Family::V6, Listener::Tcp, 8080);
     let mut dp = lab.dataplane();
@@ -1011,6 +1156,11 @@ fn cleanup_leaves_iptables_as_before() {
     let after = [Family::V4, Family::V6].map(|f| lab.node_rules(Backend::Nft, f));
     assert_eq!(after[0], before[0], "IPv4 rules after cleanup");
     assert_eq!(after[1], before[1], "IPv6 rules after cleanup");
+    if nftables() {
+        // (iptables-nft leaves the empty base chains it created: iptables-save shows
+        // no difference, `nft list` does.)
+        assert_eq!(lab.node_nft(), nft_before, "nf_tables after cleanup");
+    }
     assert_dropped("cluster IP after cleanup", || {
         pod.limit(Duration::from_secs(1)).tcp("10.96.0.10", 80)
     });
