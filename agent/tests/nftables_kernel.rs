@@ -36,11 +36,23 @@ fn netns() -> Option<Netns> {
 
 fn special_cluster() -> MergedPlan {
     let mut entries = small_cluster();
-    let mut sticky = service("sticky", "10.96.0.60", 80, &["10.244.1.10:8080", "10.244.2.10:8080"]);
-    sticky.session_affinity = Some(SessionAffinity { timeout_seconds: 10 });
+    let mut sticky = service(
+        "sticky",
+        "10.96.0.60",
+        80,
+        &["10.244.1.10:8080", "10.244.2.10:8080"],
+    );
+    sticky.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 10,
+    });
     entries.push(sticky);
     let mut local = node_port(
-        service("local", "10.96.0.21", 80, &["10.244.1.10:8080", "10.244.2.10:8080"]),
+        service(
+            "local",
+            "10.96.0.21",
+            80,
+            &["10.244.1.10:8080", "10.244.2.10:8080"],
+        ),
         30081,
     );
     local.external = Some(TrafficPlan {
@@ -51,7 +63,12 @@ fn special_cluster() -> MergedPlan {
     local.masquerade.external = false;
     local.masquerade.local_host_to_external = true;
     entries.push(local);
-    entries.push(service("web6", "fd00:10:96::10", 80, &["[fd00:10:244:1::10]:8080"]));
+    entries.push(service(
+        "web6",
+        "fd00:10:96::10",
+        80,
+        &["[fd00:10:244:1::10]:8080"],
+    ));
     plan(entries)
 }
 
@@ -73,7 +90,9 @@ fn lists_cleanly_and_restarts_without_changes() {
 #[test]
 #[ignore = "scratch"]
 fn scratch() {
-    let ns = Netns { name: "nfttry".into() };
+    let ns = Netns {
+        name: "nfttry".into(),
+    };
     let mut dp = NftablesDataplane::new(
         NftablesSettings::default(),
         NetlinkNft::in_netns(&ns.name).expect("netlink"),
@@ -85,7 +104,10 @@ fn scratch() {
     k.read_table(10, "proxyplan", &mut |item| {
         if let TableItem::Rule(r) = item {
             if r.chain == "lb-1-masq-nonlocal" {
-                println!("held: {:?}", r.exprs.iter().map(|e| e.canonical()).collect::<Vec<_>>());
+                println!(
+                    "held: {:?}",
+                    r.exprs.iter().map(|e| e.canonical()).collect::<Vec<_>>()
+                );
             }
         }
     })
@@ -104,7 +126,13 @@ fn scratch() {
         &ctx,
     );
     for r in &chain.rules {
-        println!("want: {:?}", r.expressions(proxyplan_agent::kernel::Family::V6).iter().map(|e| e.canonical()).collect::<Vec<_>>());
+        println!(
+            "want: {:?}",
+            r.expressions(proxyplan_agent::kernel::Family::V6)
+                .iter()
+                .map(|e| e.canonical())
+                .collect::<Vec<_>>()
+        );
     }
     std::mem::forget(ns);
 }

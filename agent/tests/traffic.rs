@@ -728,9 +728,15 @@ fn flushed_rules_are_noticed_and_restored() {
         for command in tamper {
             lab.exec("node", command);
             assert_eq!(pod.tcp("10.96.0.10", 80).backend(), None, "{command:?}");
-            assert!(!dp.rules_intact().expect("canary"), "{command:?} not noticed");
+            assert!(
+                !dp.rules_intact().expect("canary"),
+                "{command:?} not noticed"
+            );
             sync(&mut dp, &plan);
-            assert!(dp.rules_intact().expect("canary"), "{command:?} not repaired");
+            assert!(
+                dp.rules_intact().expect("canary"),
+                "{command:?} not repaired"
+            );
             assert_eq!(
                 pod.tcp("10.96.0.10", 80).backend(),
                 Some("a1/8080"),
@@ -805,7 +811,12 @@ fn sctp_service_reaches_its_endpoint() {
     );
     for (family, vip, pod_source, gw) in [
         (Family::V4, "10.96.0.100", "10.244.1.11", NODE_POD_GW_V4),
-        (Family::V6, "fd00:10:96::100", "fd00:10:244:1::11", NODE_POD_GW_V6),
+        (
+            Family::V6,
+            "fd00:10:96::100",
+            "fd00:10:244:1::11",
+            NODE_POD_GW_V6,
+        ),
     ] {
         for (client, source) in [("a2", pod_source), ("ext", gw)] {
             let listener = lab.sctp_listen("a1", family, 9999);
@@ -923,8 +934,18 @@ fn udp_service_reaches_every_endpoint() {
     sync(&mut dp, &plan(vec![dns, dns6]));
     let want = ["a1/5353", "r1/5353"];
     for (vip, pod, gw, remote) in [
-        ("10.96.0.53", "10.244.1.11", NODE_POD_GW_V4, NODE_TO_REMOTE_V4),
-        ("fd00:10:96::53", "fd00:10:244:1::11", NODE_POD_GW_V6, NODE_TO_REMOTE_V6),
+        (
+            "10.96.0.53",
+            "10.244.1.11",
+            NODE_POD_GW_V4,
+            NODE_TO_REMOTE_V4,
+        ),
+        (
+            "fd00:10:96::53",
+            "fd00:10:244:1::11",
+            NODE_POD_GW_V6,
+            NODE_TO_REMOTE_V6,
+        ),
     ] {
         let from_pod = until_all(&want, 40, || lab.client("a2").udp(vip, 53));
         assert_eq!(sources(&from_pod, "a1/5353"), only(pod), "{vip}");

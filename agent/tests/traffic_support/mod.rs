@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::nftables::NetlinkNft;
 use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_agent::kernel::nftables::NetlinkNft;
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_agent::run::ProxyMode;
@@ -399,7 +399,8 @@ impl Lab {
                 let node = self.ns("node");
                 Box::new(NftablesDataplane::new(
                     NftablesSettings::default(),
-                    NetlinkNft::in_netns(&node).unwrap_or_else(|e| panic!("netlink in {node}: {e}")),
+                    NetlinkNft::in_netns(&node)
+                        .unwrap_or_else(|e| panic!("netlink in {node}: {e}")),
                     CommandRunner::in_netns(&node),
                 ))
             }
@@ -469,7 +470,14 @@ impl Lab {
             Family::V6 => "6",
         };
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns(role), "python3", "-c", SCTP_LISTEN])
+            .args([
+                "netns",
+                "exec",
+                &self.ns(role),
+                "python3",
+                "-c",
+                SCTP_LISTEN,
+            ])
             .args([port.to_string().as_str(), v, "4"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -478,7 +486,11 @@ impl Lab {
             .expect("spawn the SCTP listener");
         let lines = read_lines(child.stdout.take().expect("stdout"));
         let ready = lines.recv_timeout(Duration::from_secs(5));
-        assert_eq!(ready.as_deref(), Ok("ready"), "the SCTP listener did not start");
+        assert_eq!(
+            ready.as_deref(),
+            Ok("ready"),
+            "the SCTP listener did not start"
+        );
         SctpListener {
             child,
             lines,
@@ -750,7 +762,14 @@ impl Client<'_> {
     /// [`Lab::sctp_listen`] for what receives them).
     pub fn sctp(&self, addr: &str, port: u16) {
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.lab.ns(&self.role), "python3", "-c", SCTP_SEND])
+            .args([
+                "netns",
+                "exec",
+                &self.lab.ns(&self.role),
+                "python3",
+                "-c",
+                SCTP_SEND,
+            ])
             .args([addr, &port.to_string(), "40000"])
             .output()
             .expect("run the SCTP sender");

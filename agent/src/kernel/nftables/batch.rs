@@ -15,7 +15,9 @@
 
 use super::expr::Data;
 use super::objects::{encode_element, start_elements};
-use super::uapi::{NFNL_BATCH_GENID, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES};
+use super::uapi::{
+    NFNL_BATCH_GENID, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES,
+};
 use super::wire::put_be32;
 use crate::kernel::netlink::frame::{self, NLM_F_REQUEST, NetlinkHeader, align4};
 
@@ -171,8 +173,20 @@ impl Transaction {
     /// starts: the batch begin at 0, then every message, then the batch end.
     #[must_use]
     pub fn bytes(&mut self) -> (Vec<u8>, Vec<usize>) {
+        self.bytes_ending(true)
+    }
+
+    /// [`Transaction::bytes`], without the batch end when `end` is false: the kernel
+    /// then runs every message and validates the result as for a commit, answers, and
+    /// aborts (what `nft --check` does).
+    #[must_use]
+    pub fn bytes_ending(&mut self, end: bool) -> (Vec<u8>, Vec<usize>) {
         self.close_elements();
-        let end = control(NFNL_MSG_BATCH_END, None);
+        let end = if end {
+            control(NFNL_MSG_BATCH_END, None)
+        } else {
+            Vec::new()
+        };
         let mut bytes = Vec::with_capacity(self.buf.len() + end.len());
         bytes.extend_from_slice(&self.buf);
         let mut offsets = Vec::with_capacity(self.offsets.len() + 2);

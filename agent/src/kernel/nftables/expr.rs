@@ -334,7 +334,11 @@ impl Expr {
         put_nest(buf, NFTA_LIST_ELEM, |b| {
             put_str(b, NFTA_EXPR_NAME, self.name());
             if let Self::Other { data, .. } = self {
-                put_attr(b, NFTA_EXPR_DATA | crate::kernel::netlink::frame::NLA_F_NESTED, data);
+                put_attr(
+                    b,
+                    NFTA_EXPR_DATA | crate::kernel::netlink::frame::NLA_F_NESTED,
+                    data,
+                );
                 return;
             }
             put_nest(b, NFTA_EXPR_DATA, |b| self.encode_data(b));
@@ -665,7 +669,10 @@ impl Expr {
                 dreg: dreg.map(r),
                 flags,
             },
-            Self::Immediate { dreg, data } => Self::Immediate { dreg: r(dreg), data },
+            Self::Immediate { dreg, data } => Self::Immediate {
+                dreg: r(dreg),
+                data,
+            },
             Self::Numgen {
                 dreg,
                 modulus,

@@ -74,6 +74,13 @@ pub trait NftKernel {
         visit: &mut dyn FnMut(ElementRef<'_>),
     ) -> Result<(), DataplaneError>;
 
+    /// Sends a transaction without committing it (the kernel validates it and aborts);
+    /// returns what the kernel refused.
+    ///
+    /// # Errors
+    /// When the kernel could not be asked or did not answer.
+    fn check(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
+
     /// Sends a transaction; returns what the kernel refused (nothing: it committed, and
     /// the generation moved on by one).
     ///
@@ -217,7 +224,10 @@ impl NftKernel for NetlinkNft {
         match socket.request(get_table_request(family, name), &mut |_| Ok(())) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(DataplaneError::io(format!("looking for nf_tables table {name}"), e)),
+            Err(e) => Err(DataplaneError::io(
+                format!("looking for nf_tables table {name}"),
+                e,
+            )),
         }
     }
 
@@ -238,6 +248,15 @@ impl NftKernel for NetlinkNft {
             self.socket = None;
         }
         result.map_err(|e| DataplaneError::io(format!("reading the elements of {set}"), e))
+    }
+
+    fn check(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError> {
+        let socket = self.socket()?;
+        let result = socket.check(transaction);
+        if result.is_err() {
+            self.socket = None;
+        }
+        result.map_err(io_error("checking an nf_tables transaction"))
     }
 
     fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError> {

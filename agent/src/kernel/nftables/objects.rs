@@ -15,8 +15,7 @@ use super::expr::{Data, Expr, Verdict, decode_expressions, encode_expressions};
 use super::uapi::*;
 use super::wire::{Attrs, list, put_be32, put_be64, put_nest, put_str};
 use crate::kernel::netlink::frame::{
-    self, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_HDRLEN, NetlinkHeader,
-    put_attr,
+    self, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_HDRLEN, NetlinkHeader, put_attr,
 };
 
 type Result<T> = std::result::Result<T, NftCodecError>;
@@ -342,7 +341,9 @@ impl Set {
             put_be64(&mut buf, NFTA_SET_TIMEOUT, ms);
         }
         if let Some(size) = self.size {
-            put_nest(&mut buf, NFTA_SET_DESC, |b| put_be32(b, NFTA_SET_DESC_SIZE, size));
+            put_nest(&mut buf, NFTA_SET_DESC, |b| {
+                put_be32(b, NFTA_SET_DESC_SIZE, size)
+            });
         }
         if let Some(id) = self.set_id {
             put_be32(&mut buf, NFTA_SET_ID, id);
@@ -454,8 +455,7 @@ pub fn start_elements(add: bool, family: u8, table: &str, set: &str) -> (Vec<u8>
     let nest = buf.len();
     buf.extend_from_slice(&[0, 0]);
     buf.extend_from_slice(
-        &(NFTA_SET_ELEM_LIST_ELEMENTS | crate::kernel::netlink::frame::NLA_F_NESTED)
-            .to_ne_bytes(),
+        &(NFTA_SET_ELEM_LIST_ELEMENTS | crate::kernel::netlink::frame::NLA_F_NESTED).to_ne_bytes(),
     );
     (buf, nest)
 }
@@ -475,10 +475,7 @@ pub fn finish_elements(mut buf: Vec<u8>, nest: usize) -> Vec<u8> {
 ///
 /// # Errors
 /// A malformed body or element.
-pub fn decode_elements<'a>(
-    body: &'a [u8],
-    each: &mut dyn FnMut(ElementRef<'a>),
-) -> Result<String> {
+pub fn decode_elements<'a>(body: &'a [u8], each: &mut dyn FnMut(ElementRef<'a>)) -> Result<String> {
     let a = Attrs::parse(body)?;
     let set = a.need_string(NFTA_SET_ELEM_LIST_SET, "NFTA_SET_ELEM_LIST_SET")?;
     if let Some(nest) = a.bytes(NFTA_SET_ELEM_LIST_ELEMENTS) {
@@ -562,14 +559,13 @@ pub fn split(message: &[u8]) -> Result<(u8, u8, &[u8])> {
     if subsys != NFNL_SUBSYS_NFTABLES {
         return Err(NftCodecError::UnexpectedMessage(header.header.message_type));
     }
-    let family = *header
-        .bytes
-        .get(NLMSG_HDRLEN)
-        .ok_or(crate::kernel::netlink::frame::NetlinkFormatError::Truncated {
+    let family = *header.bytes.get(NLMSG_HDRLEN).ok_or(
+        crate::kernel::netlink::frame::NetlinkFormatError::Truncated {
             what: "nfgenmsg",
             needed: NFGENMSG_LEN,
             available: 0,
-        })?;
+        },
+    )?;
     let body = header
         .bytes
         .get(NLMSG_HDRLEN + NFGENMSG_LEN..)
@@ -606,8 +602,14 @@ pub fn describe(message: &[u8]) -> String {
             "delete chain {family_name} {table} {}",
             text(NFTA_CHAIN_NAME)
         ),
-        NFT_MSG_NEWRULE => format!("add rule to {family_name} {table} {}", text(NFTA_RULE_CHAIN)),
-        NFT_MSG_DELRULE => format!("flush chain {family_name} {table} {}", text(NFTA_RULE_CHAIN)),
+        NFT_MSG_NEWRULE => format!(
+            "add rule to {family_name} {table} {}",
+            text(NFTA_RULE_CHAIN)
+        ),
+        NFT_MSG_DELRULE => format!(
+            "flush chain {family_name} {table} {}",
+            text(NFTA_RULE_CHAIN)
+        ),
         NFT_MSG_NEWSET => format!("add set {family_name} {table} {}", text(NFTA_SET_NAME)),
         NFT_MSG_DELSET => format!("delete set {family_name} {table} {}", text(NFTA_SET_NAME)),
         NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM => {

@@ -254,10 +254,28 @@ impl NftNetlink {
     /// # Errors
     /// When the socket fails or the kernel does not answer.
     pub fn commit(&mut self, transaction: &mut Transaction) -> io::Result<Vec<Refusal>> {
+        self.send_batch(transaction, true)
+    }
+
+    /// Sends `transaction` without committing it: the kernel runs and validates it, says
+    /// what it refuses, and aborts.
+    ///
+    /// # Errors
+    /// When the socket fails or the kernel does not answer.
+    pub fn check(&mut self, transaction: &mut Transaction) -> io::Result<Vec<Refusal>> {
+        self.send_batch(transaction, false)
+    }
+
+    fn send_batch(
+        &mut self,
+        transaction: &mut Transaction,
+        commit: bool,
+    ) -> io::Result<Vec<Refusal>> {
         if transaction.is_empty() {
             return Ok(Vec::new());
         }
-        let (mut bytes, offsets) = transaction.bytes();
+        // Without the batch end, the last offset is where it would start.
+        let (mut bytes, offsets) = transaction.bytes_ending(commit);
         let first = self.next_seqs(offsets.len());
         for (i, at) in offsets.iter().enumerate() {
             if let Some(field) = bytes.get_mut(at + 8..at + 12) {

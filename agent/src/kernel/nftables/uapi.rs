@@ -3,7 +3,10 @@
 //! `netfilter.h`. Every `u32`, `u64` and `u16` attribute value of nf_tables is
 //! big-endian; the flag `NLA_F_NET_BYTEORDER` is not used on them.
 
-#![allow(missing_docs, reason = "each constant is named after its uapi definition")]
+#![allow(
+    missing_docs,
+    reason = "each constant is named after its uapi definition"
+)]
 
 // ---- nfnetlink.h -----------------------------------------------------------------------
 

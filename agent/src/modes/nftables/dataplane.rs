@@ -234,9 +234,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             REPORT_TEXT_LIMIT
         };
         let incremental = match (&self.families[i], &self.plan) {
-            (Some(state), Some(_)) => {
-                state.ctx == ctx && state.entries > 0 && !entries.is_empty()
-            }
+            (Some(state), Some(_)) => state.ctx == ctx && state.entries > 0 && !entries.is_empty(),
             _ => false,
         };
         let mut stale = std::mem::take(&mut self.stale[i]);
@@ -247,7 +245,9 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             let changes: Vec<Change<'_>> = changes(&old, plan)
                 .into_iter()
                 .filter(|c| {
-                    c.old.or(c.new).is_some_and(|e| e.family == ip_family(family))
+                    c.old
+                        .or(c.new)
+                        .is_some_and(|e| e.family == ip_family(family))
                 })
                 .collect();
             if changes.is_empty() && stale.is_empty() {
@@ -278,8 +278,8 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
                     HeldTable::default()
                 }
                 _ => {
-                    let (held, generation) = HeldTable::read(&mut self.kernel, family)
-                        .map_err(SinkError::Kernel)?;
+                    let (held, generation) =
+                        HeldTable::read(&mut self.kernel, family).map_err(SinkError::Kernel)?;
                     if !dry_run {
                         self.generation = Some(generation);
                     }
@@ -349,20 +349,17 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
     ) -> Result<(), SinkError> {
         let mut doomed: Vec<(String, Vec<u8>)> = Vec::new();
         for (map, valid) in maps {
-            let read = self.kernel.read_elements(
-                nfproto(family),
-                names::TABLE,
-                map,
-                &mut |element| {
-                    let keep = match element.data {
-                        ElementData::Value(v) => valid.iter().any(|d| d.as_slice() == v),
-                        _ => true,
-                    };
-                    if !keep {
-                        doomed.push((map.clone(), element.key.to_vec()));
-                    }
-                },
-            );
+            let read =
+                self.kernel
+                    .read_elements(nfproto(family), names::TABLE, map, &mut |element| {
+                        let keep = match element.data {
+                            ElementData::Value(v) => valid.iter().any(|d| d.as_slice() == v),
+                            _ => true,
+                        };
+                        if !keep {
+                            doomed.push((map.clone(), element.key.to_vec()));
+                        }
+                    });
             if let Err(e) = read {
                 // A map that is not there yet holds nothing to clean.
                 tracing::debug!(%e, map, "affinity map not read");
@@ -455,14 +452,11 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         let ctx = family_context(&plan, &self.settings, family);
         let entries = entries_of(&plan, family);
         let mut sink = Sink::new(None, family, 0)?;
-        let (_, gone) = diff::full(&entries, ctx, &mut held, &mut sink)
-            .map_err(SinkError::into_dataplane)?;
+        let (_, gone) =
+            diff::full(&entries, ctx, &mut held, &mut sink).map_err(SinkError::into_dataplane)?;
         let pending = &self.stale[i];
         let intact = sink.changed == 0
-            && gone
-                .chains
-                .iter()
-                .all(|c| pending.chains.contains(c))
+            && gone.chains.iter().all(|c| pending.chains.contains(c))
             && gone.sets.iter().all(|s| pending.sets.contains(s));
         Ok(intact)
     }
@@ -479,7 +473,11 @@ struct Finished {
 
 /// After a family's main transaction: the deferred deletions in a transaction of their
 /// own (kept for the next sync when refused), and the report.
-fn finish(mut sink: Sink<'_>, stale: Stale, report: &mut SyncReport) -> Result<Finished, SinkError> {
+fn finish(
+    mut sink: Sink<'_>,
+    stale: Stale,
+    report: &mut SyncReport,
+) -> Result<Finished, SinkError> {
     let dry = sink.generation().is_none();
     let mut kept = Stale::default();
     if !stale.is_empty() {
@@ -544,11 +542,14 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
     ) -> Result<SyncReport, DataplaneError> {
         match self.sync_state(plan, dry_run) {
             Ok(report) => Ok(report),
-            Err(first) if !dry_run && self.plan.is_none() && self.families.iter().all(Option::is_none) => {
+            Err(first)
+                if !dry_run && self.plan.is_none() && self.families.iter().all(Option::is_none) =>
+            {
                 // The model was wrong (someone changed the table): read it and try once
                 // more at once.
                 tracing::warn!(error = %first, "nf_tables refused the changes; reading the table again");
-                self.sync_state(plan, dry_run).inspect_err(|_| self.invalidate())
+                self.sync_state(plan, dry_run)
+                    .inspect_err(|_| self.invalidate())
             }
             Err(e) => {
                 self.invalidate();

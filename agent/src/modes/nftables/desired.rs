@@ -5,8 +5,8 @@
 //! hairpin element, cluster IP and shared chain. Element values are not stored: they
 //! are rendered again from the entry that owns them.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::net::IpAddr;
 
 use proxyplan_crds::stable_hash;
@@ -113,7 +113,13 @@ impl FamilyState {
             return;
         };
         if claim.owner == hash {
-            match claim.others.iter().copied().enumerate().min_by_key(|(_, h)| *h) {
+            match claim
+                .others
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by_key(|(_, h)| *h)
+            {
                 Some((i, next)) => {
                     claim.others.swap_remove(i);
                     claim.owner = next;

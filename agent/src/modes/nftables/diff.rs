@@ -400,7 +400,12 @@ impl ElementChanges {
     }
 }
 
-fn diff_dest(dest: &Dest, old: Option<&DestValue>, new: Option<&DestValue>, out: &mut ElementChanges) {
+fn diff_dest(
+    dest: &Dest,
+    old: Option<&DestValue>,
+    new: Option<&DestValue>,
+    out: &mut ElementChanges,
+) {
     let verdict = |v: Option<&DestValue>| v.map(|v| Data::Verdict(v.verdict.clone()));
     let (ov, nv) = (verdict(old), verdict(new));
     out.change(
@@ -468,9 +473,7 @@ pub fn update(
     for (_, old, new) in &rendered {
         for objects in [old, new].into_iter().flatten() {
             for (dest, _) in &objects.dests {
-                touched
-                    .entry(*dest)
-                    .or_insert_with(|| state.owner(dest));
+                touched.entry(*dest).or_insert_with(|| state.owner(dest));
             }
         }
     }
@@ -507,7 +510,9 @@ pub fn update(
     let mut stale = Stale::default();
     for (dest, before) in &touched {
         let old = before.and_then(|o| value_of(o, dest, When::Before));
-        let new = state.owner(dest).and_then(|o| value_of(o, dest, When::After));
+        let new = state
+            .owner(dest)
+            .and_then(|o| value_of(o, dest, When::After));
         if old == new {
             continue;
         }
@@ -541,7 +546,10 @@ pub fn update(
     let mut replaced: Vec<ChainDef> = Vec::new();
     for (_, old, new) in &rendered {
         let empty = EntryObjects::default();
-        let (old, new) = (old.as_ref().unwrap_or(&empty), new.as_ref().unwrap_or(&empty));
+        let (old, new) = (
+            old.as_ref().unwrap_or(&empty),
+            new.as_ref().unwrap_or(&empty),
+        );
         let old_chains: HashMap<&str, &ChainDef> =
             old.chains.iter().map(|c| (c.name.as_str(), c)).collect();
         for chain in &new.chains {
@@ -566,12 +574,19 @@ pub fn update(
                     &[]
                 }
             };
-            let held: HashMap<&[u8], Option<&Data>> =
-                held.iter().map(|(k, d)| (k.as_slice(), d.as_ref())).collect();
+            let held: HashMap<&[u8], Option<&Data>> = held
+                .iter()
+                .map(|(k, d)| (k.as_slice(), d.as_ref()))
+                .collect();
             let mut wanted_keys = HashSet::new();
             for (key, data) in wanted {
                 wanted_keys.insert(key.as_slice());
-                elements.change(&set.name, key.clone(), held.get(key.as_slice()).copied(), Some(data.as_ref()));
+                elements.change(
+                    &set.name,
+                    key.clone(),
+                    held.get(key.as_slice()).copied(),
+                    Some(data.as_ref()),
+                );
             }
             for (key, data) in &held {
                 if !wanted_keys.contains(key) {

@@ -237,7 +237,11 @@ fn typeof_verdict() -> Vec<u8> {
 /// nft's userdata for a set declared with `typeof KEY : DATA`.
 fn typeof_userdata(key: &[Vec<u8>], data: &[u8], key_host_order: bool) -> Vec<u8> {
     let mut out = Vec::new();
-    tlv_u32(&mut out, NFTNL_UDATA_SET_KEYBYTEORDER, u32::from(key_host_order));
+    tlv_u32(
+        &mut out,
+        NFTNL_UDATA_SET_KEYBYTEORDER,
+        u32::from(key_host_order),
+    );
     tlv_u32(&mut out, NFTNL_UDATA_SET_DATABYTEORDER, 0);
     tlv(&mut out, 3, &typeof_concat(key));
     tlv(&mut out, 4, data);
@@ -336,7 +340,9 @@ impl SetDef {
                     concat(&[addr_type, addr_type, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
                 set.key_len = 2 * a + 8;
             }
-            SetKind::BackendsByAddress(p) | SetKind::BackendsByPort(p) | SetKind::BackendsBySlot(p) => {
+            SetKind::BackendsByAddress(p)
+            | SetKind::BackendsByPort(p)
+            | SetKind::BackendsBySlot(p) => {
                 set.flags = NFT_SET_MAP;
                 set.data_type = Some(ep_type);
                 set.data_len = Some(a + 4);
@@ -413,7 +419,10 @@ fn jump_if_new(chain: &str) -> Rule {
 }
 
 fn jump(chain: &str) -> Rule {
-    Rule::new(vec![], vec![Action::Verdict(Verdict::Jump(chain.to_owned()))])
+    Rule::new(
+        vec![],
+        vec![Action::Verdict(Verdict::Jump(chain.to_owned()))],
+    )
 }
 
 /// The sets and maps every table has.
@@ -429,7 +438,10 @@ pub fn fixed_sets() -> Vec<SetDef> {
         SetDef::new(names::HAIRPIN, SetKind::Hairpin),
     ];
     for p in names::PROTOCOLS {
-        sets.push(SetDef::new(names::backends(p), SetKind::BackendsByAddress(p)));
+        sets.push(SetDef::new(
+            names::backends(p),
+            SetKind::BackendsByAddress(p),
+        ));
         sets.push(SetDef::new(
             names::nodeport_backends(p),
             SetKind::BackendsByPort(p),
@@ -453,7 +465,9 @@ pub fn fixed_chains(ctx: &FamilyContext) -> Vec<ChainDef> {
         vec![],
         vec![Action::DispatchByDestination(SERVICE_IPS.to_owned())],
     )];
-    services.extend(nodeport(Action::DispatchByPort(SERVICE_NODEPORTS.to_owned())));
+    services.extend(nodeport(Action::DispatchByPort(
+        SERVICE_NODEPORTS.to_owned(),
+    )));
     let mut cluster_ips = vec![
         Rule::new(
             vec![Match::DaddrIn(CLUSTER_IPS.to_owned())],
@@ -518,9 +532,27 @@ pub fn fixed_chains(ctx: &FamilyContext) -> Vec<ChainDef> {
                 jump_if_new(CLUSTER_IPS_CHECK),
             ],
         ),
-        base(NAT_PREROUTING, "nat", NF_INET_PRE_ROUTING, -100, vec![jump(SERVICES)]),
-        base(NAT_OUTPUT, "nat", NF_INET_LOCAL_OUT, -100, vec![jump(SERVICES)]),
-        base(NAT_POSTROUTING, "nat", NF_INET_POST_ROUTING, 100, vec![jump(MASQUERADING)]),
+        base(
+            NAT_PREROUTING,
+            "nat",
+            NF_INET_PRE_ROUTING,
+            -100,
+            vec![jump(SERVICES)],
+        ),
+        base(
+            NAT_OUTPUT,
+            "nat",
+            NF_INET_LOCAL_OUT,
+            -100,
+            vec![jump(SERVICES)],
+        ),
+        base(
+            NAT_POSTROUTING,
+            "nat",
+            NF_INET_POST_ROUTING,
+            100,
+            vec![jump(MASQUERADING)],
+        ),
         chain(
             FIREWALL_CHECK,
             vec![Rule::new(
@@ -532,7 +564,9 @@ pub fn fixed_chains(ctx: &FamilyContext) -> Vec<ChainDef> {
             SERVICE_ENDPOINTS_CHECK,
             vec![Rule::new(
                 vec![],
-                vec![Action::DispatchByDestination(NO_ENDPOINT_SERVICES.to_owned())],
+                vec![Action::DispatchByDestination(
+                    NO_ENDPOINT_SERVICES.to_owned(),
+                )],
             )],
         ),
         chain(
@@ -577,7 +611,9 @@ pub fn masquerade_rule(masquerade: Masquerade, ctx: &FamilyContext) -> Option<Ru
 /// A shared balancing chain: the masquerade mark, then one DNAT rule per protocol.
 #[must_use]
 pub fn shared_chain(shared: SharedChain, ctx: &FamilyContext) -> ChainDef {
-    let mut rules: Vec<Rule> = masquerade_rule(shared.masquerade, ctx).into_iter().collect();
+    let mut rules: Vec<Rule> = masquerade_rule(shared.masquerade, ctx)
+        .into_iter()
+        .collect();
     for p in names::PROTOCOLS {
         let action = match shared.balance {
             Balance::Address => Action::DnatByDestination {

@@ -18,10 +18,12 @@ pub mod diff;
 pub mod layout;
 pub mod model;
 pub mod names;
+pub mod probe;
 pub mod render;
 pub mod rules;
 pub mod settings;
 pub mod sink;
 
 pub use dataplane::NftablesDataplane;
+pub use probe::probe;
 pub use settings::NftablesSettings;

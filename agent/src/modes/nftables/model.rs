@@ -15,9 +15,7 @@ use crate::dataplane::DataplaneError;
 use crate::kernel::Family;
 use crate::kernel::nftables::objects::userdata_comment;
 use crate::kernel::nftables::uapi::NFT_DATA_VERDICT;
-use crate::kernel::nftables::{
-    Data, ElementData, Expr, Hook, NftKernel, Set, TableItem, Verdict,
-};
+use crate::kernel::nftables::{Data, ElementData, Expr, Hook, NftKernel, Set, TableItem, Verdict};
 
 /// How many times a read that the ruleset changed under is started again.
 const READ_ATTEMPTS: usize = 5;
@@ -119,8 +117,12 @@ impl Records {
         let mut order: Vec<u32> = (0..count as u32).collect();
         let key_len = self.key_len;
         order.sort_unstable_by(|a, b| {
-            let ka = self.bytes.get(*a as usize * len..*a as usize * len + key_len);
-            let kb = self.bytes.get(*b as usize * len..*b as usize * len + key_len);
+            let ka = self
+                .bytes
+                .get(*a as usize * len..*a as usize * len + key_len);
+            let kb = self
+                .bytes
+                .get(*b as usize * len..*b as usize * len + key_len);
             ka.cmp(&kb)
         });
         let mut sorted = Vec::with_capacity(self.bytes.len());
@@ -172,9 +174,15 @@ impl Records {
                 if !self.verdicts {
                     return false;
                 }
-                let code = held.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                let id = held.get(4..8).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                let chain = id.and_then(|id| self.chains.get(id as usize)).map(String::as_str);
+                let code = held
+                    .get(..4)
+                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                let id = held
+                    .get(4..8)
+                    .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                let chain = id
+                    .and_then(|id| self.chains.get(id as usize))
+                    .map(String::as_str);
                 code == Some(v.code()) && chain == v.chain()
             }
         }
@@ -198,7 +206,11 @@ impl Records {
     /// Keys of the elements [`Records::check`] never asked for.
     pub fn unseen(&self) -> impl Iterator<Item = &[u8]> {
         (0..self.len())
-            .filter(|i| self.seen.get(i / 64).is_none_or(|w| w & (1 << (i % 64)) == 0))
+            .filter(|i| {
+                self.seen
+                    .get(i / 64)
+                    .is_none_or(|w| w & (1 << (i % 64)) == 0)
+            })
             .map(|i| self.key_at(i))
     }
 }
@@ -242,10 +254,7 @@ impl HeldTable {
     ///
     /// # Errors
     /// When it cannot be read.
-    pub fn read(
-        kernel: &mut dyn NftKernel,
-        family: Family,
-    ) -> Result<(Self, u32), DataplaneError> {
+    pub fn read(kernel: &mut dyn NftKernel, family: Family) -> Result<(Self, u32), DataplaneError> {
         let mut last = None;
         for _ in 0..READ_ATTEMPTS {
             let before = kernel.generation()?;
@@ -283,7 +292,9 @@ impl HeldTable {
             }
             TableItem::Set(set) => {
                 let records = Records::new(&set);
-                table.sets.insert(set.name.clone(), HeldSet { set, records });
+                table
+                    .sets
+                    .insert(set.name.clone(), HeldSet { set, records });
             }
             TableItem::Rule(rule) => {
                 if let Some(chain) = table.chains.get_mut(&rule.chain) {

@@ -188,7 +188,10 @@ impl Renderer<'_> {
             eps.extend(parse_endpoints(&entry.local_endpoints));
             eps.sort_unstable();
             eps.dedup();
-            out.hairpin = eps.into_iter().map(|(ip, port)| (ip, e.proto, port)).collect();
+            out.hairpin = eps
+                .into_iter()
+                .map(|(ip, port)| (ip, e.proto, port))
+                .collect();
         }
         self.internal(&e, cluster_ip, &mut out);
         if let Some(external) = entry.external {
@@ -253,7 +256,8 @@ impl Renderer<'_> {
     fn has_any_endpoint(e: &ServicePortPlan) -> bool {
         !e.cluster_endpoints.is_empty()
             || e.internal.when_empty == EmptyAction::Drop
-            || e.external.is_some_and(|x| x.when_empty == EmptyAction::Drop)
+            || e.external
+                .is_some_and(|x| x.when_empty == EmptyAction::Drop)
     }
 
     fn external(&self, e: &Entry<'_>, external: &TrafficPlan, out: &mut EntryObjects) {
@@ -383,19 +387,34 @@ impl Renderer<'_> {
         if external.policy == TrafficPolicy::Local {
             let cluster = !entry.cluster_endpoints.is_empty();
             if cluster && let Some(local) = &self.ctx.local {
-                self.pick(e, List::Cluster, vec![local.matching(false)], &mut rules, out);
+                self.pick(
+                    e,
+                    List::Cluster,
+                    vec![local.matching(false)],
+                    &mut rules,
+                    out,
+                );
                 if let Some(last) = rules.last_mut() {
                     last.comment = Some("short-circuit pod traffic".to_owned());
                 }
             }
             if entry.masquerade.local_host_to_external {
                 rules.push(
-                    Rule::new(vec![Match::FibSaddrLocal], vec![Action::MarkOr(self.ctx.mark)])
-                        .comment("masquerade local traffic"),
+                    Rule::new(
+                        vec![Match::FibSaddrLocal],
+                        vec![Action::MarkOr(self.ctx.mark)],
+                    )
+                    .comment("masquerade local traffic"),
                 );
             }
             if cluster {
-                self.pick(e, List::Cluster, vec![Match::FibSaddrLocal], &mut rules, out);
+                self.pick(
+                    e,
+                    List::Cluster,
+                    vec![Match::FibSaddrLocal],
+                    &mut rules,
+                    out,
+                );
                 if let Some(last) = rules.last_mut() {
                     last.comment = Some("short-circuit local traffic".to_owned());
                 }
@@ -575,7 +594,10 @@ pub fn affinity_maps(entry: &ServicePortPlan) -> Vec<(String, Vec<Vec<u8>>)> {
             .into_iter()
             .map(|(ip, port)| addr_port_bytes(ip, port))
             .collect();
-        (names::affinity_map(&id, list, affinity.timeout_seconds), data)
+        (
+            names::affinity_map(&id, list, affinity.timeout_seconds),
+            data,
+        )
     })
     .collect()
 }

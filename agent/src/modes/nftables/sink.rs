@@ -11,10 +11,12 @@ use super::names;
 use super::rules::RuleText;
 use crate::dataplane::DataplaneError;
 use crate::kernel::Family;
+use crate::kernel::nftables::objects::{
+    comment_userdata, delete_chain, delete_set, delete_table, flush_chain,
+};
 use crate::kernel::nftables::socket::ERESTART;
 use crate::kernel::nftables::uapi::{NFPROTO_IPV4, NFPROTO_IPV6};
 use crate::kernel::nftables::{Chain, Data, NftKernel, Rule as KernelRule, Table, Transaction};
-use crate::kernel::nftables::objects::{comment_userdata, delete_chain, delete_set, delete_table, flush_chain};
 
 /// Bytes after which a transaction is sent at the next boundary: large syncs (a first
 /// sync of 10,000 Services is about 10 MB) go in several transactions, so the agent
@@ -186,14 +188,18 @@ impl<'k> Sink<'k> {
     pub fn delete_table(&mut self) {
         let t = self.table();
         self.line(format_args!("delete table {t}"));
-        self.tx.push(&delete_table(nfproto(self.family), names::TABLE));
+        self.tx
+            .push(&delete_table(nfproto(self.family), names::TABLE));
         self.changed += 1;
     }
 
     /// `add set` / `add map`.
     pub fn add_set(&mut self, set: &SetDef) {
         let t = self.table();
-        self.line(format_args!("add map {t} {} {{ {:?} }}", set.name, set.kind));
+        self.line(format_args!(
+            "add map {t} {} {{ {:?} }}",
+            set.name, set.kind
+        ));
         // The kernel wants an id for every new set (rules of the same batch may name it
         // by id).
         self.set_ids += 1;
@@ -207,7 +213,8 @@ impl<'k> Sink<'k> {
     pub fn delete_set(&mut self, name: &str) {
         let t = self.table();
         self.line(format_args!("delete set {t} {name}"));
-        self.tx.push(&delete_set(nfproto(self.family), names::TABLE, name));
+        self.tx
+            .push(&delete_set(nfproto(self.family), names::TABLE, name));
         self.changed += 1;
     }
 
@@ -243,7 +250,8 @@ impl<'k> Sink<'k> {
     pub fn flush_chain(&mut self, name: &str) {
         let t = self.table();
         self.line(format_args!("flush chain {t} {name}"));
-        self.tx.push(&flush_chain(nfproto(self.family), names::TABLE, name));
+        self.tx
+            .push(&flush_chain(nfproto(self.family), names::TABLE, name));
         self.changed += 1;
     }
 
@@ -251,7 +259,8 @@ impl<'k> Sink<'k> {
     pub fn delete_chain(&mut self, name: &str) {
         let t = self.table();
         self.line(format_args!("delete chain {t} {name}"));
-        self.tx.push(&delete_chain(nfproto(self.family), names::TABLE, name));
+        self.tx
+            .push(&delete_chain(nfproto(self.family), names::TABLE, name));
         self.changed += 1;
     }
 
@@ -259,8 +268,12 @@ impl<'k> Sink<'k> {
     pub fn add_rule(&mut self, chain: &str, rule: &super::rules::Rule) {
         let t = self.table();
         let family = self.family;
-        self.line(format_args!("add rule {t} {chain} {}", RuleText(rule, family)));
-        self.tx.push(&kernel_rule(family, chain, rule).new_message());
+        self.line(format_args!(
+            "add rule {t} {chain} {}",
+            RuleText(rule, family)
+        ));
+        self.tx
+            .push(&kernel_rule(family, chain, rule).new_message());
         self.changed += 1;
     }
 
@@ -414,7 +427,13 @@ pub fn element_text(family: Family, set: &str, key: &[u8], data: Option<&Data>) 
         addr(key)
     } else if set == names::HAIRPIN {
         let c = chunks(&[a, a, 4, 4]);
-        format!("{} . {} . {} . {}", addr(c[0]), addr(c[1]), proto(c[2]), port(c[3]))
+        format!(
+            "{} . {} . {} . {}",
+            addr(c[0]),
+            addr(c[1]),
+            proto(c[2]),
+            port(c[3])
+        )
     } else if set.starts_with("backends-") {
         let c = chunks(&[a, 4, 4]);
         format!("{} . {} . {}", addr(c[0]), port(c[1]), slot(c[2]))
