@@ -35,6 +35,8 @@ struct OpenElements {
     start: usize,
     /// Where its elements nest starts, relative to `start`.
     nest: usize,
+    /// Elements in it.
+    count: u16,
 }
 
 /// A transaction being built.
@@ -144,7 +146,7 @@ impl Transaction {
         });
         if !fits {
             self.close_elements();
-            let (message, nest) = start_elements(add, family, table, set);
+            let (message, nest) = start_elements(add, family, table, set, None);
             let start = self.buf.len();
             self.offsets.push(start);
             self.buf.extend_from_slice(&message);
@@ -155,9 +157,18 @@ impl Transaction {
                 set: set.to_owned(),
                 start,
                 nest,
+                count: 0,
             });
         }
-        encode_element(&mut self.buf, key, if add { data } else { None });
+        if let Some(open) = self.open.as_mut() {
+            open.count = open.count.wrapping_add(1).max(1);
+            encode_element(
+                &mut self.buf,
+                open.count,
+                key,
+                if add { data } else { None },
+            );
+        }
         self.elements += 1;
     }
 

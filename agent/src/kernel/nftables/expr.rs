@@ -192,6 +192,9 @@ pub enum Expr {
         sreg: u32,
         /// Destination register.
         dreg: u32,
+        /// `NFTA_BITWISE_OP` (`NFT_BITWISE_MASK_XOR`), when sent: nft sends it for
+        /// `meta mark set`, not for flag and prefix matches.
+        op: Option<u32>,
         /// Byte length.
         len: u32,
         /// The mask.
@@ -374,12 +377,16 @@ impl Expr {
             Self::Bitwise {
                 sreg,
                 dreg,
+                op,
                 len,
                 mask,
                 xor,
             } => {
                 put_be32(b, NFTA_BITWISE_SREG, *sreg);
                 put_be32(b, NFTA_BITWISE_DREG, *dreg);
+                if let Some(op) = op {
+                    put_be32(b, NFTA_BITWISE_OP, *op);
+                }
                 put_be32(b, NFTA_BITWISE_LEN, *len);
                 put_nest(b, NFTA_BITWISE_MASK, |b| put_attr(b, NFTA_DATA_VALUE, mask));
                 put_nest(b, NFTA_BITWISE_XOR, |b| put_attr(b, NFTA_DATA_VALUE, xor));
@@ -453,8 +460,8 @@ impl Expr {
                 dreg,
                 direction,
             } => {
-                put_be32(b, NFTA_CT_DREG, *dreg);
                 put_be32(b, NFTA_CT_KEY, *key);
+                put_be32(b, NFTA_CT_DREG, *dreg);
                 if let Some(dir) = direction {
                     put_attr(b, NFTA_CT_DIRECTION, &[*dir]);
                 }
@@ -467,17 +474,17 @@ impl Expr {
                 sreg_data,
                 timeout_ms,
             } => {
-                put_str(b, NFTA_DYNSET_SET_NAME, set);
-                if let Some(id) = set_id {
-                    put_be32(b, NFTA_DYNSET_SET_ID, *id);
-                }
-                put_be32(b, NFTA_DYNSET_OP, *op);
                 put_be32(b, NFTA_DYNSET_SREG_KEY, *sreg_key);
                 if let Some(sreg) = sreg_data {
                     put_be32(b, NFTA_DYNSET_SREG_DATA, *sreg);
                 }
+                put_be32(b, NFTA_DYNSET_OP, *op);
                 if let Some(ms) = timeout_ms {
                     put_be64(b, NFTA_DYNSET_TIMEOUT, *ms);
+                }
+                put_str(b, NFTA_DYNSET_SET_NAME, set);
+                if let Some(id) = set_id {
+                    put_be32(b, NFTA_DYNSET_SET_ID, *id);
                 }
             }
             Self::Fib {
@@ -485,9 +492,9 @@ impl Expr {
                 result,
                 flags,
             } => {
-                put_be32(b, NFTA_FIB_DREG, *dreg);
-                put_be32(b, NFTA_FIB_RESULT, *result);
                 put_be32(b, NFTA_FIB_FLAGS, *flags);
+                put_be32(b, NFTA_FIB_RESULT, *result);
+                put_be32(b, NFTA_FIB_DREG, *dreg);
             }
             Self::Reject { kind, code } => {
                 put_be32(b, NFTA_REJECT_TYPE, *kind);
@@ -539,6 +546,7 @@ impl Expr {
                 Self::Bitwise {
                     sreg: reg(NFTA_BITWISE_SREG, "NFTA_BITWISE_SREG")?,
                     dreg: reg(NFTA_BITWISE_DREG, "NFTA_BITWISE_DREG")?,
+                    op: a.be32(NFTA_BITWISE_OP)?,
                     len: reg(NFTA_BITWISE_LEN, "NFTA_BITWISE_LEN")?,
                     mask: value(NFTA_BITWISE_MASK, "NFTA_BITWISE_MASK")?,
                     xor: value(NFTA_BITWISE_XOR, "NFTA_BITWISE_XOR")?,
@@ -646,12 +654,14 @@ impl Expr {
             Self::Bitwise {
                 sreg,
                 dreg,
+                op,
                 len,
                 mask,
                 xor,
             } => Self::Bitwise {
                 sreg: r(sreg),
                 dreg: r(dreg),
+                op: Some(op.unwrap_or(NFT_BITWISE_MASK_XOR)),
                 len,
                 mask,
                 xor,

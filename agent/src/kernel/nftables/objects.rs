@@ -103,7 +103,8 @@ impl Table {
     /// `NFT_MSG_NEWTABLE` (an existing table is left as it is).
     #[must_use]
     pub fn new_message(&self) -> Vec<u8> {
-        let mut buf = start(NFT_MSG_NEWTABLE, NLM_F_CREATE, self.family);
+        // As nft sends it: without NLM_F_CREATE (the kernel creates a table either way).
+        let mut buf = start(NFT_MSG_NEWTABLE, 0, self.family);
         put_str(&mut buf, NFTA_TABLE_NAME, &self.name);
         put_be32(&mut buf, NFTA_TABLE_FLAGS, self.flags);
         if let Some(udata) = &self.userdata {
@@ -337,16 +338,16 @@ impl Set {
         if let Some(l) = self.data_len {
             put_be32(&mut buf, NFTA_SET_DATA_LEN, l);
         }
-        if let Some(ms) = self.timeout_ms {
-            put_be64(&mut buf, NFTA_SET_TIMEOUT, ms);
-        }
         if let Some(size) = self.size {
             put_nest(&mut buf, NFTA_SET_DESC, |b| {
-                put_be32(b, NFTA_SET_DESC_SIZE, size)
+                put_be32(b, NFTA_SET_DESC_SIZE, size);
             });
         }
         if let Some(id) = self.set_id {
             put_be32(&mut buf, NFTA_SET_ID, id);
+        }
+        if let Some(ms) = self.timeout_ms {
+            put_be64(&mut buf, NFTA_SET_TIMEOUT, ms);
         }
         if let Some(udata) = &self.userdata {
             put_attr(&mut buf, NFTA_SET_USERDATA, udata);
@@ -428,9 +429,10 @@ pub struct ElementRef<'a> {
     pub expires_ms: Option<u64>,
 }
 
-/// Appends one element's `NFTA_LIST_ELEM` nest: its key and, for a map, its data.
-pub fn encode_element(buf: &mut Vec<u8>, key: &[u8], data: Option<&Data>) {
-    put_nest(buf, NFTA_LIST_ELEM, |b| {
+/// Appends one element's nest: its key and, for a map, its data. nft numbers the
+/// nests of a list 1, 2, 3... (`index`); the kernel reads them whatever their type.
+pub fn encode_element(buf: &mut Vec<u8>, index: u16, key: &[u8], data: Option<&Data>) {
+    put_nest(buf, index.max(NFTA_LIST_ELEM), |b| {
         put_nest(b, NFTA_SET_ELEM_KEY, |b| put_attr(b, NFTA_DATA_VALUE, key));
         if let Some(data) = data {
             put_nest(b, NFTA_SET_ELEM_DATA, |b| data.encode(b));
@@ -439,11 +441,18 @@ pub fn encode_element(buf: &mut Vec<u8>, key: &[u8], data: Option<&Data>) {
 }
 
 /// The start of an `NFT_MSG_NEWSETELEM` (`add`) or `NFT_MSG_DELSETELEM` message for
-/// `set`, up to its open `NFTA_SET_ELEM_LIST_ELEMENTS` nest; returns the message and
-/// where the nest starts. Append elements with [`encode_element`], then close with
+/// `set` (with `NFTA_SET_ELEM_LIST_SET_ID` when `set_id` is given, as nft sends it),
+/// up to its open `NFTA_SET_ELEM_LIST_ELEMENTS` nest; returns the message and where the
+/// nest starts. Append elements with [`encode_element`], then close with
 /// [`finish_elements`].
 #[must_use]
-pub fn start_elements(add: bool, family: u8, table: &str, set: &str) -> (Vec<u8>, usize) {
+pub fn start_elements(
+    add: bool,
+    family: u8,
+    table: &str,
+    set: &str,
+    set_id: Option<u32>,
+) -> (Vec<u8>, usize) {
     let (msg, flags) = if add {
         (NFT_MSG_NEWSETELEM, NLM_F_CREATE)
     } else {
@@ -452,6 +461,9 @@ pub fn start_elements(add: bool, family: u8, table: &str, set: &str) -> (Vec<u8>
     let mut buf = start(msg, flags, family);
     put_str(&mut buf, NFTA_SET_ELEM_LIST_TABLE, table);
     put_str(&mut buf, NFTA_SET_ELEM_LIST_SET, set);
+    if let Some(id) = set_id {
+        put_be32(&mut buf, NFTA_SET_ELEM_LIST_SET_ID, id);
+    }
     let nest = buf.len();
     buf.extend_from_slice(&[0, 0]);
     buf.extend_from_slice(
@@ -476,8 +488,20 @@ pub fn finish_elements(mut buf: Vec<u8>, nest: usize) -> Vec<u8> {
 /// # Errors
 /// A malformed body or element.
 pub fn decode_elements<'a>(body: &'a [u8], each: &mut dyn FnMut(ElementRef<'a>)) -> Result<String> {
+    decode_element_list(body, each).map(|(set, _)| set)
+}
+
+/// [`decode_elements`], returning the set's id too (`NFTA_SET_ELEM_LIST_SET_ID`).
+///
+/// # Errors
+/// A malformed body or element.
+pub fn decode_element_list<'a>(
+    body: &'a [u8],
+    each: &mut dyn FnMut(ElementRef<'a>),
+) -> Result<(String, Option<u32>)> {
     let a = Attrs::parse(body)?;
     let set = a.need_string(NFTA_SET_ELEM_LIST_SET, "NFTA_SET_ELEM_LIST_SET")?;
+    let set_id = a.be32(NFTA_SET_ELEM_LIST_SET_ID)?;
     if let Some(nest) = a.bytes(NFTA_SET_ELEM_LIST_ELEMENTS) {
         for elem in list(nest)? {
             let e = Attrs::parse(elem)?;
@@ -503,7 +527,7 @@ pub fn decode_elements<'a>(body: &'a [u8], each: &mut dyn FnMut(ElementRef<'a>))
             });
         }
     }
-    Ok(set)
+    Ok((set, set_id))
 }
 
 // ---- dumps and the generation ----------------------------------------------------------

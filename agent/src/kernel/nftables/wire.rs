@@ -122,17 +122,13 @@ impl<'a> Attrs<'a> {
     }
 }
 
-/// The values of the `NFTA_LIST_ELEM` attributes of a list nest.
+/// The values of the attributes of a list nest: `NFTA_LIST_ELEM` each in the kernel's
+/// dumps, numbered 1, 2, 3... in nft's element lists.
 ///
 /// # Errors
 /// When an attribute's length is bad.
 pub fn list(buf: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    for attr in frame::attributes(buf) {
-        let attr = attr?;
-        if attr.kind == super::uapi::NFTA_LIST_ELEM {
-            out.push(attr.value);
-        }
-    }
-    Ok(out)
+    frame::attributes(buf)
+        .map(|attr| attr.map(|a| a.value).map_err(NftCodecError::from))
+        .collect()
 }

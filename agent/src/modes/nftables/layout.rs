@@ -379,8 +379,8 @@ impl SetDef {
                 set.key_len = a;
                 set.data_type = Some(ep_type);
                 set.data_len = Some(a + 4);
+                // The kernel sizes a dynamic set itself (65,535), as for nft's.
                 set.timeout_ms = Some(u64::from(timeout_seconds) * 1000);
-                set.size = Some(65_535);
                 set.userdata = Some(type_userdata(2, false, true));
             }
         }

@@ -295,11 +295,12 @@ impl Rule {
     }
 }
 
-/// The register of a concatenation's 32-bit field `index` (nft's numbering: the first
-/// is `NFT_REG_1`).
+/// The register of 32-bit register `index`, numbered as nft numbers them (and the
+/// kernel dumps them): the 16-byte register (`NFT_REG_1`..`NFT_REG_4`) at a 16-byte
+/// boundary, the 32-bit one (`NFT_REG32_01`, ...) otherwise.
 fn reg(index: u32) -> u32 {
-    if index == 0 {
-        NFT_REG_1
+    if index % 4 == 0 {
+        NFT_REG_1 + index / 4
     } else {
         NFT_REG32_00 + index
     }
@@ -380,6 +381,7 @@ impl Fam {
             out.push(Expr::Bitwise {
                 sreg: NFT_REG_1,
                 dreg: NFT_REG_1,
+                op: None,
                 len: 1,
                 mask: vec![0],
                 xor: vec![0],
@@ -391,23 +393,37 @@ impl Fam {
             });
             return;
         }
-        let bytes = bits.div_ceil(8);
-        let mut value = net.masked_bytes();
-        value.truncate(bytes as usize);
-        out.push(self.addr(offset, bytes, NFT_REG_1));
-        if bits % 8 != 0 {
-            let mut mask = vec![0xff; bytes as usize];
-            if let Some(last) = mask.last_mut() {
-                *last = (0xff_u16 << (8 - bits % 8)) as u8;
-            }
-            out.push(Expr::Bitwise {
+        // As nft: a byte-aligned prefix compares its bytes; another masks the whole
+        // address first.
+        let value = net.masked_bytes();
+        if bits % 8 == 0 {
+            let bytes = bits / 8;
+            out.push(self.addr(offset, bytes, NFT_REG_1));
+            out.push(Expr::Cmp {
                 sreg: NFT_REG_1,
-                dreg: NFT_REG_1,
-                len: bytes,
-                mask,
-                xor: vec![0; bytes as usize],
+                op,
+                data: value.get(..bytes as usize).unwrap_or_default().to_vec(),
             });
+            return;
         }
+        let len = self.addr_len();
+        let mask = Net {
+            addr: match self.0 {
+                Family::V4 => IpAddr::from([0xff; 4]),
+                Family::V6 => IpAddr::from([0xff; 16]),
+            },
+            len: net.len,
+        }
+        .masked_bytes();
+        out.push(self.addr(offset, len, NFT_REG_1));
+        out.push(Expr::Bitwise {
+            sreg: NFT_REG_1,
+            dreg: NFT_REG_1,
+            op: None,
+            len,
+            mask,
+            xor: vec![0; len as usize],
+        });
         out.push(Expr::Cmp {
             sreg: NFT_REG_1,
             op,
@@ -432,6 +448,7 @@ impl Fam {
                 out.push(Expr::Bitwise {
                     sreg: r1,
                     dreg: r1,
+                    op: None,
                     len: 4,
                     mask: bit.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
@@ -508,6 +525,7 @@ impl Fam {
                 out.push(Expr::Bitwise {
                     sreg: r1,
                     dreg: r1,
+                    op: Some(NFT_BITWISE_MASK_XOR),
                     len: 4,
                     mask: bit.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
@@ -559,6 +577,7 @@ impl Fam {
                 out.push(Expr::Bitwise {
                     sreg: r1,
                     dreg: r1,
+                    op: Some(NFT_BITWISE_MASK_XOR),
                     len: 4,
                     mask: mask.to_ne_bytes().to_vec(),
                     xor: bit.to_ne_bytes().to_vec(),
@@ -630,13 +649,14 @@ impl Fam {
                     }
                     _ => (vec![0; self.addr_len() as usize], vec![0; 2]),
                 };
+                // The data from the second 16-byte register on, as nft puts it.
                 out.push(self.addr(self.saddr_offset(), self.addr_len(), reg(0)));
                 out.push(Expr::Immediate {
-                    dreg: reg(aw),
+                    dreg: reg(4),
                     data: Data::Value(addr),
                 });
                 out.push(Expr::Immediate {
-                    dreg: reg(2 * aw),
+                    dreg: reg(4 + aw),
                     data: Data::Value(port),
                 });
                 out.push(Expr::Dynset {
@@ -644,7 +664,7 @@ impl Fam {
                     set_id: None,
                     op: NFT_DYNSET_OP_UPDATE,
                     sreg_key: r1,
-                    sreg_data: Some(reg(aw)),
+                    sreg_data: Some(reg(4)),
                     timeout_ms: None,
                 });
             }
@@ -659,10 +679,10 @@ impl Fam {
                     data: Data::Value(addr_bytes(*addr)),
                 });
                 out.push(Expr::Immediate {
-                    dreg: reg(aw),
+                    dreg: reg(4),
                     data: Data::Value(port.to_be_bytes().to_vec()),
                 });
-                out.push(self.nat_from(r1, reg(aw), NF_NAT_RANGE_PROTO_SPECIFIED));
+                out.push(self.nat_from(r1, reg(4), NF_NAT_RANGE_PROTO_SPECIFIED));
             }
         }
     }
