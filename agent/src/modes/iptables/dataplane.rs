@@ -53,6 +53,8 @@ pub struct IptablesDataplane<R> {
     udp: UdpTracker,
     /// What the last sync sent.
     sent: PayloadSize,
+    /// Whether `route_localnet=1` is known to be set (localhost node ports).
+    route_localnet: bool,
 }
 
 /// One family's knowledge of the kernel.
@@ -209,7 +211,20 @@ fn failed_line_number(stderr: &str) -> Option<usize> {
 impl<R: Runner> IptablesDataplane<R> {
     /// A dataplane that programs through `runner` with `backend`'s tools.
     #[must_use]
-    pub fn new(settings: RenderSettings, runner: R, backend: Backend) -> Self {
+    pub fn new(mut settings: RenderSettings, runner: R, backend: Backend) -> Self {
+        // As kube-proxy: with liberal TCP tracking, out-of-window packets are not
+        // invalid, and dropping the rest is left to the node's own firewall.
+        let liberal = runner
+            .read_sysctl(BE_LIBERAL)
+            .ok()
+            .flatten()
+            .is_some_and(|v| v != "0");
+        if liberal && settings.drop_invalid {
+            tracing::info!(
+                "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+            );
+            settings.drop_invalid = false;
+        }
         Self {
             settings,
             runner,
@@ -217,7 +232,28 @@ impl<R: Runner> IptablesDataplane<R> {
             families: [FamilyState::default(), FamilyState::default()],
             udp: UdpTracker::default(),
             sent: PayloadSize::default(),
+            route_localnet: false,
         }
+    }
+
+    /// Sets `route_localnet=1` once, when localhost node ports are served (kube-proxy
+    /// does the same; the martian guard in the filter table comes with it).
+    fn allow_localhost_node_ports(&mut self) -> Result<(), DataplaneError> {
+        if self.route_localnet || !self.settings.localhost_nodeports_on() {
+            return Ok(());
+        }
+        tracing::info!(
+            "setting route_localnet=1 to allow node ports on localhost; to change this \
+             leave out --iptables-localhost-nodeports or set --nodeport-addresses without \
+             a loopback CIDR"
+        );
+        // The chart's privileged init container sets it; set here where /proc/sys is
+        // writable (a plain process on the node).
+        if self.runner.read_sysctl(ROUTE_LOCALNET)?.as_deref() != Some("1") {
+            self.runner.write_sysctl(ROUTE_LOCALNET, "1")?;
+        }
+        self.route_localnet = true;
+        Ok(())
     }
 
     /// A dataplane whose back end is chosen by `choice` (asking the kernel for `Auto`).
@@ -368,8 +404,16 @@ fn family_header(backend: Backend, family: Family) -> String {
     format!("# {} --noflush\n", backend.binary(family, Tool::Restore))
 }
 
+/// With it non-zero, conntrack tracks TCP liberally and the INVALID drop is left out.
+const BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+/// Lets 127.0.0.0/8 be routed (DNAT of localhost node ports).
+const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+
 impl<R: Runner> Dataplane for IptablesDataplane<R> {
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        if !dry_run {
+            self.allow_localhost_node_ports()?;
+        }
         let mut text = ReportText::new(if dry_run {
             usize::MAX
         } else {
@@ -418,7 +462,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             self.families[index(family)].kernel = None;
             let nothing = FamilyInputs {
                 entries: Vec::new(),
-                local_cidr: None,
+                local: None,
                 node_addresses: Vec::new(),
             };
             let (changed, _, _) = self.sync_family(family, nothing, false, &mut text)?;
