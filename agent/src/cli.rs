@@ -425,6 +425,7 @@ impl DataplaneArgs {
                         .iter()
                         .filter_map(|c| Net::parse(c))
                         .collect(),
+                    drop_invalid: render.drop_invalid,
                 },
                 NetlinkNft::new(),
                 CommandRunner::new(),

@@ -220,6 +220,27 @@ impl UdpPaths {
     }
 }
 
+/// With it non-zero, conntrack tracks TCP liberally (out-of-window packets are not
+/// invalid).
+const BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+
+/// Whether `nf_conntrack_tcp_be_liberal` is set where `runner` works. As kube-proxy's
+/// iptables mode, the modes then leave out their DROP of invalid packets, and say so.
+#[must_use]
+pub fn tcp_be_liberal(runner: &impl Runner) -> bool {
+    let liberal = runner
+        .read_sysctl(BE_LIBERAL)
+        .ok()
+        .flatten()
+        .is_some_and(|v| v.trim() != "0");
+    if liberal {
+        tracing::info!(
+            "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+        );
+    }
+    liberal
+}
+
 /// The entries made stale by moving from `previous` to `next`, deduplicated.
 #[must_use]
 pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {

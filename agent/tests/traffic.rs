@@ -814,6 +814,105 @@ fn unknown_port_of_a_cluster_ip() {
     }
 }
 
+/// An address inside the cluster's ServiceCIDRs that no Service uses (here one that
+/// `ext`, off the cluster, happens to answer on): kube-proxy's nftables mode drops
+/// traffic to it ("Drop traffic to unallocated ClusterIPs"), in forwarding and from the
+/// node itself; its iptables and ipvs modes do not look at the ServiceCIDRs and route it
+/// on. Once the address is outside the plan's ServiceCIDRs, nftables mode routes it on
+/// too. Both families.
+#[test]
+fn unallocated_address_in_the_service_cidrs() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let unused = [("10.96.9.9", "32"), ("fd00:10:96::999", "128")];
+    for (addr, len) in unused {
+        lab.exec(
+            "ext",
+            &["ip", "addr", "add", &format!("{addr}/{len}"), "dev", "lo"],
+        );
+        lab.serve_at("ext", addr, Listener::Tcp, 80);
+    }
+    let mut dp = lab.dataplane();
+    // One Service per family: a family without Services has no table.
+    let mut plan = plan(vec![
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        service("web6", "fd00:10:96::10", 80, &["[fd00:10:244:1::10]:8080"]),
+    ]);
+    plan.service_cidrs = vec!["10.96.0.0/16".to_owned(), "fd00:10:96::/112".to_owned()];
+    sync(&mut dp, &plan);
+    let pod = lab.client("a2").limit(Duration::from_secs(1));
+    let node = lab.client("node").limit(Duration::from_secs(1));
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+    for (addr, _) in unused {
+        for (who, client) in [("pod", &pod), ("node", &node)] {
+            let what = format!("{who} to unallocated {addr}:80");
+            if nftables() {
+                assert_dropped(&what, || client.tcp(addr, 80));
+            } else {
+                assert_eq!(client.tcp(addr, 80).backend(), Some("ext/80"), "{what}");
+            }
+        }
+    }
+    // Outside the ServiceCIDRs, the same addresses are the network's.
+    plan.service_cidrs = vec!["10.96.0.0/24".to_owned(), "fd00:10:96::/120".to_owned()];
+    sync(&mut dp, &plan);
+    for (addr, _) in unused {
+        assert_eq!(pod.tcp(addr, 80).backend(), Some("ext/80"), "{addr}");
+    }
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+}
+
+/// A forwarded packet that conntrack finds invalid (a TCP segment with SYN and FIN set)
+/// is dropped, as kube-proxy's iptables mode drops it (`--ctstate INVALID -j DROP`),
+/// unless `nf_conntrack_tcp_be_liberal` is set, which leaves the rule out; a plain SYN
+/// passes either way. ipvs mode, like kube-proxy's, has no such rule. (kube-proxy's
+/// nftables mode has none either; ours keeps the iptables mode's, so that switching
+/// from iptables to nftables mode changes nothing here.) Both families.
+#[test]
+fn invalid_packets_are_dropped_in_forwarding_unless_tracking_is_liberal() {
+    let Some(lab) = Lab::new(&["a1"]) else {
+        return;
+    };
+    // One Service per family: a family without Services has no rules.
+    let web = plan(vec![
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        service("web6", "fd00:10:96::10", 80, &["[fd00:10:244:1::10]:8080"]),
+    ]);
+    let pod = lab.client("a1");
+    let probe = |drops: bool| {
+        for (family, dst) in [(Family::V4, EXT_V4), (Family::V6, EXT_V6)] {
+            let valid = lab.raw_listen("ext", family, 6, 9001);
+            pod.tcp_segments(dst, 9001, 0x02);
+            assert_eq!(valid.outcome().backend(), Some("ext/9001"), "SYN to {dst}");
+            let invalid = lab.raw_listen("ext", family, 6, 9002);
+            pod.tcp_segments(dst, 9002, 0x03);
+            let outcome = invalid.outcome();
+            if drops {
+                assert_eq!(outcome, Outcome::TimedOut, "SYN+FIN to {dst}");
+            } else {
+                assert_eq!(outcome.backend(), Some("ext/9002"), "SYN+FIN to {dst}");
+            }
+        }
+    };
+    let mut dp = lab.dataplane();
+    sync(&mut dp, &web);
+    probe(!ipvs());
+    lab.exec(
+        "node",
+        &[
+            "sysctl",
+            "-qw",
+            "net.netfilter.nf_conntrack_tcp_be_liberal=1",
+        ],
+    );
+    // The agent reads the sysctl when it starts.
+    let mut dp = lab.dataplane();
+    sync(&mut dp, &web);
+    probe(false);
+}
+
 /// An SCTP Service: a pod's packets reach the endpoint with their source, an
 /// off-cluster client's are masqueraded; IPv4 and IPv6.
 #[test]

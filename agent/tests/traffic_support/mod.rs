@@ -465,6 +465,14 @@ impl Lab {
     /// namespace's) and the source it arrived from.
     #[must_use]
     pub fn sctp_listen(&self, role: &str, family: Family, port: u16) -> SctpListener {
+        self.raw_listen(role, family, 132, port)
+    }
+
+    /// Listens in `role` on a raw socket for the first packet of IP protocol `proto`
+    /// (TCP, SCTP: the ports lead its header) to `port` and says where it came from;
+    /// it sees packets the namespace's TCP stack would answer or refuse.
+    #[must_use]
+    pub fn raw_listen(&self, role: &str, family: Family, proto: u8, port: u16) -> SctpListener {
         let v = match family {
             Family::V4 => "4",
             Family::V6 => "6",
@@ -478,7 +486,7 @@ impl Lab {
                 "-c",
                 SCTP_LISTEN,
             ])
-            .args([port.to_string().as_str(), v, "4"])
+            .args([port.to_string().as_str(), v, "4", &proto.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -625,11 +633,12 @@ impl Drop for Lab {
     }
 }
 
-/// Reads raw SCTP packets until one is for the port, prints its source and ports.
+/// Reads raw packets of a protocol (SCTP, TCP) until one is for the port, prints its
+/// source and ports.
 const SCTP_LISTEN: &str = r"
 import socket, sys, struct
 port = int(sys.argv[1]); v6 = sys.argv[2] == '6'
-s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_RAW, 132)
+s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_RAW, int(sys.argv[4]))
 s.settimeout(float(sys.argv[3]))
 print('ready', flush=True)
 try:
@@ -662,6 +671,33 @@ pkt = hdr + struct.pack('<I', crc32c(hdr + bytes(4) + init)) + init
 s = socket.socket(socket.AF_INET6 if ':' in dst else socket.AF_INET, socket.SOCK_RAW, 132)
 for _ in range(3):
     s.sendto(pkt, (dst, 0))
+    time.sleep(0.2)
+";
+
+/// Sends three TCP segments with the given flags (`0x03`: SYN and FIN, a combination
+/// conntrack finds invalid) from a raw socket, checksummed (the node's conntrack checks
+/// checksums too, and a bad one would be invalid for another reason).
+const TCP_SEND: &str = r"
+import socket, sys, struct, time
+dst, port, sport, flags = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 0)
+v6 = ':' in dst
+fam = socket.AF_INET6 if v6 else socket.AF_INET
+probe = socket.socket(fam, socket.SOCK_DGRAM)
+probe.connect((dst, port))
+src = probe.getsockname()[0]
+seg = struct.pack('!HHIIBBHHH', sport, port, 0x1000, 0, 5 << 4, flags, 65535, 0, 0)
+s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_TCP)
+if v6:
+    s.setsockopt(socket.IPPROTO_IPV6, 7, 16)  # IPV6_CHECKSUM: the kernel fills it in
+else:
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack('!BBH', 0, 6, len(seg))
+    data = pseudo + seg
+    total = sum(struct.unpack('!%dH' % (len(data) // 2), data))
+    while total >> 16:
+        total = (total & 0xffff) + (total >> 16)
+    seg = seg[:16] + struct.pack('!H', ~total & 0xffff) + seg[18:]
+for _ in range(3):
+    s.sendto(seg, (dst, 0))
     time.sleep(0.2)
 ";
 
@@ -780,6 +816,28 @@ impl Client<'_> {
         assert!(
             out.status.success(),
             "SCTP sender: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Sends three raw TCP segments with `flags` from source port 40001 to `addr:port`
+    /// (see [`Lab::raw_listen`] for what receives them).
+    pub fn tcp_segments(&self, addr: &str, port: u16, flags: u8) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.lab.ns(&self.role),
+                "python3",
+                "-c",
+                TCP_SEND,
+            ])
+            .args([addr, &port.to_string(), "40001", &flags.to_string()])
+            .output()
+            .expect("run the TCP sender");
+        assert!(
+            out.status.success(),
+            "TCP sender: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

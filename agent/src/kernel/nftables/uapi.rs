@@ -212,6 +212,8 @@ pub const NFTA_CT_DIRECTION: u16 = 3;
 
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`: `ct state new`.
 pub const NF_CT_STATE_NEW_BIT: u32 = 1 << 3;
+/// `NF_CT_STATE_INVALID_BIT`: `ct state invalid`.
+pub const NF_CT_STATE_INVALID_BIT: u32 = 1;
 /// `IPS_DST_NAT`: `ct status dnat`.
 pub const IPS_DST_NAT: u32 = 1 << 5;
 

@@ -27,6 +27,7 @@ use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::kernel::Family;
 use crate::kernel::command::Runner;
 use crate::kernel::nftables::{ElementData, NftKernel};
+use crate::ruleset::local::LocalMatch;
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
@@ -78,26 +79,38 @@ pub fn family_context(
     FamilyContext {
         family,
         mark: settings.mark(),
-        local: plan
-            .local_traffic
-            .cidrs
-            .iter()
-            .filter_map(|c| Net::parse(c))
-            .find(of_family)
-            .map(LocalTraffic::Prefix),
+        local: LocalMatch::of(&plan.local_traffic, ip_family(family)).and_then(|m| match m {
+            LocalMatch::Source(cidr) => Net::parse(&cidr).map(LocalTraffic::Prefix),
+            LocalMatch::Interface(name) => Some(match name.strip_suffix('+') {
+                Some(prefix) => LocalTraffic::Interface {
+                    name: prefix.to_owned(),
+                    prefix: true,
+                },
+                None => LocalTraffic::Interface {
+                    name,
+                    prefix: false,
+                },
+            }),
+        }),
         nodeport_nets: settings
             .nodeport_cidrs
             .iter()
             .copied()
             .filter(of_family)
             .collect(),
-        service_cidrs: Vec::new(),
+        service_cidrs: plan
+            .service_cidrs
+            .iter()
+            .filter_map(|c| Net::parse(c))
+            .filter(of_family)
+            .collect(),
         node_addresses: plan
             .addresses
             .iter()
             .copied()
             .filter(|a| a.is_ipv6() == v6)
             .collect(),
+        drop_invalid: settings.drop_invalid,
     }
 }
 
@@ -179,7 +192,10 @@ fn changes<'p>(old: &'p MergedPlan, new: &'p MergedPlan) -> Vec<Change<'p>> {
 impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
     /// A dataplane over `kernel` and `runner`.
     #[must_use]
-    pub fn new(settings: NftablesSettings, kernel: K, runner: R) -> Self {
+    pub fn new(mut settings: NftablesSettings, kernel: K, runner: R) -> Self {
+        if settings.drop_invalid && crate::conntrack::tcp_be_liberal(&runner) {
+            settings.drop_invalid = false;
+        }
         Self {
             settings,
             kernel,

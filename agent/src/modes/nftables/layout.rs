@@ -66,6 +66,8 @@ pub struct FamilyContext {
     pub service_cidrs: Vec<Net>,
     /// The node's addresses of this family.
     pub node_addresses: Vec<IpAddr>,
+    /// Drop forwarded packets in conntrack state invalid.
+    pub drop_invalid: bool,
 }
 
 impl FamilyContext {
@@ -487,6 +489,20 @@ pub fn fixed_chains(ctx: &FamilyContext) -> Vec<ChainDef> {
             .comment("Drop traffic to unallocated ClusterIPs"),
         );
     }
+    let mut forward = Vec::new();
+    if ctx.drop_invalid {
+        forward.push(
+            Rule::new(
+                vec![Match::CtStateInvalid],
+                vec![Action::Verdict(Verdict::Drop)],
+            )
+            .comment("Drop packets conntrack finds invalid"),
+        );
+    }
+    forward.extend([
+        jump_if_new(SERVICE_ENDPOINTS_CHECK),
+        jump_if_new(CLUSTER_IPS_CHECK),
+    ]);
     vec![
         base(
             FILTER_PREROUTING_PRE_DNAT,
@@ -502,16 +518,7 @@ pub fn fixed_chains(ctx: &FamilyContext) -> Vec<ChainDef> {
             -110,
             vec![jump_if_new(FIREWALL_CHECK)],
         ),
-        base(
-            FILTER_FORWARD,
-            "filter",
-            NF_INET_FORWARD,
-            0,
-            vec![
-                jump_if_new(SERVICE_ENDPOINTS_CHECK),
-                jump_if_new(CLUSTER_IPS_CHECK),
-            ],
-        ),
+        base(FILTER_FORWARD, "filter", NF_INET_FORWARD, 0, forward),
         base(
             FILTER_INPUT,
             "filter",

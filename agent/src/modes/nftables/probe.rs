@@ -35,6 +35,7 @@ pub fn probe(kernel: &mut dyn NftKernel) -> Result<(), String> {
         nodeport_nets: Vec::new(),
         service_cidrs: Vec::new(),
         node_addresses: Vec::new(),
+        drop_invalid: true,
     };
     let fam = nfproto(family);
     let mut tx = Transaction::new(None);

@@ -112,6 +112,8 @@ pub fn proto_name(proto: u8) -> &'static str {
 pub enum Match {
     /// `ct state new`.
     CtStateNew,
+    /// `ct state invalid`.
+    CtStateInvalid,
     /// `ct status dnat`.
     CtStatusDnat,
     /// `ip saddr [!=] NET`.
@@ -434,11 +436,11 @@ impl Fam {
     fn lower_match(self, m: &Match, out: &mut Vec<Expr>) {
         let r1 = NFT_REG_1;
         match m {
-            Match::CtStateNew | Match::CtStatusDnat => {
-                let (key, bit) = if *m == Match::CtStateNew {
-                    (NFT_CT_STATE, NF_CT_STATE_NEW_BIT)
-                } else {
-                    (NFT_CT_STATUS, IPS_DST_NAT)
+            Match::CtStateNew | Match::CtStateInvalid | Match::CtStatusDnat => {
+                let (key, bit) = match m {
+                    Match::CtStateNew => (NFT_CT_STATE, NF_CT_STATE_NEW_BIT),
+                    Match::CtStateInvalid => (NFT_CT_STATE, NF_CT_STATE_INVALID_BIT),
+                    _ => (NFT_CT_STATUS, IPS_DST_NAT),
                 };
                 out.push(Expr::Ct {
                     key,
@@ -711,6 +713,7 @@ impl Display for RuleText<'_> {
         for m in &self.0.matches {
             words.push(match m {
                 Match::CtStateNew => "ct state new".to_owned(),
+                Match::CtStateInvalid => "ct state invalid".to_owned(),
                 Match::CtStatusDnat => "ct status dnat".to_owned(),
                 Match::Saddr { net, negate } => {
                     format!("{ip} saddr {}{net}", if *negate { "!= " } else { "" })

@@ -11,6 +11,10 @@ pub struct NftablesSettings {
     /// Destinations that accept node ports (`--nodeport-addresses`); empty: every local
     /// address but loopback.
     pub nodeport_cidrs: Vec<Net>,
+    /// Drop forwarded packets that conntrack finds invalid (`ct state invalid drop` in
+    /// `filter-forward`), as the iptables mode does; the dataplane clears it when
+    /// `nf_conntrack_tcp_be_liberal` is set.
+    pub drop_invalid: bool,
 }
 
 impl Default for NftablesSettings {
@@ -18,6 +22,7 @@ impl Default for NftablesSettings {
         Self {
             masquerade_bit: 13,
             nodeport_cidrs: Vec::new(),
+            drop_invalid: true,
         }
     }
 }
