@@ -180,7 +180,8 @@ struct ConntrackArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     conntrack_tcp_timeout_close_wait: Duration,
     /// Track TCP liberally (nf_conntrack_tcp_be_liberal=1): out-of-window packets are not
-    /// marked invalid, and iptables mode then adds no DROP rule for invalid packets.
+    /// marked invalid, and the iptables and nftables modes then add no DROP rule for invalid
+    /// forwarded packets.
     #[arg(long)]
     conntrack_tcp_be_liberal: bool,
     /// Idle timeout of UDP flows (nf_conntrack_udp_timeout); 0 leaves it alone.
