@@ -301,7 +301,7 @@ impl Rule {
 /// kernel dumps them): the 16-byte register (`NFT_REG_1`..`NFT_REG_4`) at a 16-byte
 /// boundary, the 32-bit one (`NFT_REG32_01`, ...) otherwise.
 fn reg(index: u32) -> u32 {
-    if index % 4 == 0 {
+    if index.is_multiple_of(4) {
         NFT_REG_1 + index / 4
     } else {
         NFT_REG32_00 + index
