@@ -6,9 +6,10 @@
 //!
 //! The codec is pure: [`expr`] (expressions and their data), [`objects`] (the messages
 //! that create and delete objects, and the decoding of the kernel's dumps), [`batch`]
-//! (a transaction); annotated byte vectors in `tests.rs` check them against what `nft`
-//! 1.0.6 sends and what the kernel dumps. [`socket`] is the netlink socket and
-//! [`kernel`] the trait the nftables mode talks to, with its fake in [`fake`].
+//! (a transaction); byte vectors in `agent/tests/nftables_codec.rs` check them against
+//! what `nft` 1.0.6 sends, read and written again byte for byte. [`socket`] is the
+//! netlink socket and [`kernel`] the trait the nftables mode talks to (its tests use the
+//! real kernel, in throwaway network namespaces).
 //! Constants are named after `include/uapi/linux/netfilter/nf_tables.h` ([`uapi`]).
 //!
 //! Wire format: see [`objects`] for messages, [`expr`] for expressions and [`batch`] for
@@ -17,15 +18,11 @@
 pub mod batch;
 pub mod error;
 pub mod expr;
-pub mod fake;
 pub mod kernel;
 pub mod objects;
 pub mod socket;
 pub mod uapi;
 pub mod wire;
-
-#[cfg(all(test, target_endian = "little"))]
-mod tests;
 
 pub use batch::Transaction;
 pub use error::NftCodecError;

@@ -9,8 +9,8 @@
 //! - [`desired`]: owners and counts kept between syncs; [`model`]: what the kernel holds,
 //!   read back; [`diff`]: the changes, from scratch or entry by entry, written to a
 //!   [`sink`] that sends them as transactions.
-//! - [`dataplane`]: the sync; [`trace`]: a packet tracer over the rendered table, for
-//!   the renderer's tests.
+//! - [`dataplane`]: the sync; [`probe`]: whether the kernel takes what the mode writes
+//!   (for `--mode auto`).
 
 pub mod dataplane;
 pub mod desired;
