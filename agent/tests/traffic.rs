@@ -292,6 +292,31 @@ fn interface_prefix_detection_keeps_pod_sources() {
     assert_eq!(sources(&from_ext, "a1/8080"), only(NODE_POD_GW_V4));
 }
 
+/// `--detect-local-mode=BridgeInterface`: traffic that arrives on that one interface
+/// (here pod `a2`'s `pa2`; in a cluster, the pods' bridge) is in-cluster and keeps its
+/// source; the rest, even from a pod on another interface, is masqueraded.
+#[test]
+fn bridge_interface_detection_keeps_that_interfaces_sources() {
+    let Some(lab) = Lab::new(&["a1", "a2", "a3"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let mut dp = lab.dataplane();
+    let web = service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]);
+    let mut plan = plan(vec![web]);
+    plan.local_traffic = proxyplan_crds::LocalTrafficDetection {
+        mode: proxyplan_crds::LocalTrafficMode::BridgeInterface,
+        cidrs: Vec::new(),
+        interface: Some("pa2".to_owned()),
+    };
+    sync(&mut dp, &plan);
+    let want = ["a1/8080"];
+    let from_bridge = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
+    assert_eq!(sources(&from_bridge, "a1/8080"), only("10.244.1.11"));
+    let from_other = tcp_until_all(&lab.client("a3"), "10.96.0.10", 80, &want);
+    assert_eq!(sources(&from_other, "a1/8080"), only(NODE_POD_GW_V4));
+}
+
 /// `masqueradeAll`: even pod traffic to the cluster IP is masqueraded.
 #[test]
 fn masquerade_all_masquerades_pod_traffic() {
