@@ -36,36 +36,15 @@ use std::time::{Duration, Instant};
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
 use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, InputWriter, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
+use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};
 use serde::{Deserialize, Serialize};
 
-use common::{NODE, Netns, env_or, full, per_size, print_grid, proc_status_kib};
+use common::{NODE, Netns, env_or, full, per_size, print_grid, proc_status_kib, sizes, spec};
 
 /// The column of a size run without back ends.
 const BINARY_ONLY: &str = "binary only";
-
-fn spec(services: usize) -> SyntheticSpec {
-    SyntheticSpec {
-        services,
-        endpoints_per_service: env_or("AGENT_BENCH_ENDPOINTS", 10),
-        nodes: env_or("AGENT_BENCH_NODES", if full() { 100 } else { 10 }),
-        zones: env_or("AGENT_BENCH_ZONES", if full() { 10 } else { 2 }),
-        local_fraction: env_or("AGENT_BENCH_LOCAL", 0.05),
-        hinted_fraction: env_or("AGENT_BENCH_HINTED", 0.05),
-        seed: env_or("AGENT_BENCH_SEED", 1),
-    }
-}
-
-fn sizes() -> Vec<usize> {
-    let default = if full() { "10000,1000" } else { "100" };
-    std::env::var("AGENT_BENCH_SIZES")
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().parse().expect("AGENT_BENCH_SIZES: numbers"))
-        .collect()
-}
 
 /// The back ends to run; `none` (or nothing) runs none, only the binary.
 fn backends() -> Vec<String> {

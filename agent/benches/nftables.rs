@@ -39,31 +39,12 @@ use proxyplan_agent::kernel::nftables::{
 };
 use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_controller::Planner;
-use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
+use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster};
 use serde::{Deserialize, Serialize};
 
-use common::{NODE, Netns, Objects, env_or, full, per_size, print_grid, proc_status_kib};
-
-fn spec(services: usize) -> SyntheticSpec {
-    SyntheticSpec {
-        services,
-        endpoints_per_service: env_or("AGENT_BENCH_ENDPOINTS", 10),
-        nodes: env_or("AGENT_BENCH_NODES", if full() { 100 } else { 10 }),
-        zones: env_or("AGENT_BENCH_ZONES", if full() { 10 } else { 2 }),
-        local_fraction: env_or("AGENT_BENCH_LOCAL", 0.05),
-        hinted_fraction: env_or("AGENT_BENCH_HINTED", 0.05),
-        seed: env_or("AGENT_BENCH_SEED", 1),
-    }
-}
-
-fn sizes() -> Vec<usize> {
-    let default = if full() { "10000,1000" } else { "100" };
-    std::env::var("AGENT_BENCH_SIZES")
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().parse().expect("AGENT_BENCH_SIZES: numbers"))
-        .collect()
-}
+use common::{
+    NODE, Netns, Objects, env_or, full, per_size, print_grid, proc_status_kib, sizes, spec,
+};
 
 /// An [`NftKernel`] that times what it asks the kernel.
 struct Timed {

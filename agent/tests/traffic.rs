@@ -267,36 +267,15 @@ fn clusterip_keeps_pod_source_and_masquerades_off_cluster_clients() {
     assert_eq!(sources(&from_node, "r1/8080"), only(NODE_TO_REMOTE_V4));
 }
 
-/// `--detect-local-mode=InterfaceNamePrefix` (CNIs whose pods are not inside one CIDR):
-/// traffic that arrives on a pod interface (here `pa1`, `pa2`, prefix `pa`) is in-cluster
-/// and keeps its source; the rest is masqueraded, as with a CIDR.
-#[test]
-fn interface_prefix_detection_keeps_pod_sources() {
-    let Some(lab) = Lab::new(&["a1", "a2"]) else {
-        return;
-    };
-    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
-    let mut dp = lab.dataplane();
-    let web = service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]);
-    let mut plan = plan(vec![web]);
-    plan.local_traffic = proxyplan_crds::LocalTrafficDetection {
-        mode: proxyplan_crds::LocalTrafficMode::InterfaceNamePrefix,
-        cidrs: Vec::new(),
-        interface: Some("pa".to_owned()),
-    };
-    sync(&mut dp, &plan);
-    let want = ["a1/8080"];
-    let from_pod = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
-    assert_eq!(sources(&from_pod, "a1/8080"), only("10.244.1.11"));
-    let from_ext = tcp_until_all(&lab.client("ext"), "10.96.0.10", 80, &want);
-    assert_eq!(sources(&from_ext, "a1/8080"), only(NODE_POD_GW_V4));
-}
-
-/// `--detect-local-mode=BridgeInterface`: traffic that arrives on that one interface
-/// (here pod `a2`'s `pa2`; in a cluster, the pods' bridge) is in-cluster and keeps its
-/// source; the rest, even from a pod on another interface, is masqueraded.
-#[test]
-fn bridge_interface_detection_keeps_that_interfaces_sources() {
+/// Local-traffic detection by interface: a connection from pod `local` (arriving on its
+/// interface) keeps its source, one from pod `other` is masqueraded to the node's address
+/// on the pods' side.
+fn interface_detection(
+    mode: proxyplan_crds::LocalTrafficMode,
+    name: &str,
+    local: &str,
+    other: &str,
+) {
     let Some(lab) = Lab::new(&["a1", "a2", "a3"]) else {
         return;
     };
@@ -305,16 +284,45 @@ fn bridge_interface_detection_keeps_that_interfaces_sources() {
     let web = service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]);
     let mut plan = plan(vec![web]);
     plan.local_traffic = proxyplan_crds::LocalTrafficDetection {
-        mode: proxyplan_crds::LocalTrafficMode::BridgeInterface,
+        mode,
         cidrs: Vec::new(),
-        interface: Some("pa2".to_owned()),
+        interface: Some(name.to_owned()),
     };
     sync(&mut dp, &plan);
     let want = ["a1/8080"];
-    let from_bridge = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
-    assert_eq!(sources(&from_bridge, "a1/8080"), only("10.244.1.11"));
-    let from_other = tcp_until_all(&lab.client("a3"), "10.96.0.10", 80, &want);
+    let from_local = tcp_until_all(&lab.client(local), "10.96.0.10", 80, &want);
+    assert_eq!(
+        sources(&from_local, "a1/8080"),
+        only(lab.pod(local).ip(Family::V4))
+    );
+    let from_other = tcp_until_all(&lab.client(other), "10.96.0.10", 80, &want);
     assert_eq!(sources(&from_other, "a1/8080"), only(NODE_POD_GW_V4));
+}
+
+/// `--detect-local-mode=InterfaceNamePrefix` (CNIs whose pods are not inside one CIDR):
+/// traffic that arrives on a pod interface (here `pa1`..`pa3`, prefix `pa`) is in-cluster
+/// and keeps its source; the rest (here from off the cluster) is masqueraded.
+#[test]
+fn interface_prefix_detection_keeps_pod_sources() {
+    interface_detection(
+        proxyplan_crds::LocalTrafficMode::InterfaceNamePrefix,
+        "pa",
+        "a2",
+        "ext",
+    );
+}
+
+/// `--detect-local-mode=BridgeInterface`: traffic that arrives on that one interface
+/// (here pod `a2`'s `pa2`; in a cluster, the pods' bridge) is in-cluster and keeps its
+/// source; the rest, even from a pod on another interface, is masqueraded.
+#[test]
+fn bridge_interface_detection_keeps_that_interfaces_sources() {
+    interface_detection(
+        proxyplan_crds::LocalTrafficMode::BridgeInterface,
+        "pa2",
+        "a2",
+        "a3",
+    );
 }
 
 /// `masqueradeAll`: even pod traffic to the cluster IP is masqueraded.

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use proxyplan_controller::synthetic::SyntheticSpec;
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{
     MergeCache, MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge_cached, merge_update, object_key,
@@ -39,6 +40,34 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Whether this is a real run (`cargo bench`), not `cargo test --benches`' smoke test.
 pub fn full() -> bool {
     std::env::args().any(|a| a == "--bench")
+}
+
+/// The synthetic cluster of `services` Services (`AGENT_BENCH_ENDPOINTS`, `_NODES`,
+/// `_ZONES`, `_LOCAL`, `_HINTED`, `_SEED`).
+pub fn spec(services: usize) -> SyntheticSpec {
+    SyntheticSpec {
+        services,
+        endpoints_per_service: env_or("AGENT_BENCH_ENDPOINTS", 10),
+        nodes: env_or("AGENT_BENCH_NODES", if full() { 100 } else { 10 }),
+        zones: env_or("AGENT_BENCH_ZONES", if full() { 10 } else { 2 }),
+        local_fraction: env_or("AGENT_BENCH_LOCAL", 0.05),
+        hinted_fraction: env_or("AGENT_BENCH_HINTED", 0.05),
+        seed: env_or("AGENT_BENCH_SEED", 1),
+    }
+}
+
+/// The Service counts to run (`AGENT_BENCH_SIZES`, default 10,000 and 1,000; 100 in
+/// the smoke test).
+///
+/// # Panics
+/// When it is not a list of numbers.
+pub fn sizes() -> Vec<usize> {
+    let default = if full() { "10000,1000" } else { "100" };
+    std::env::var("AGENT_BENCH_SIZES")
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().parse().expect("AGENT_BENCH_SIZES: numbers"))
+        .collect()
 }
 
 /// A field of `/proc/PID/status`, in KiB.
