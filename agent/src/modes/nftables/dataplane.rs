@@ -92,12 +92,20 @@ pub fn family_context(
                 },
             }),
         }),
-        nodeport_nets: settings
-            .nodeport_cidrs
-            .iter()
-            .copied()
-            .filter(of_family)
-            .collect(),
+        nodeport_nets: if settings.nodeport_primary {
+            proxyplan_crds::primary_addresses(&plan.addresses)
+                .into_iter()
+                .map(Net::host)
+                .filter(of_family)
+                .collect()
+        } else {
+            settings
+                .nodeport_cidrs
+                .iter()
+                .copied()
+                .filter(of_family)
+                .collect()
+        },
         service_cidrs: plan
             .service_cidrs
             .iter()

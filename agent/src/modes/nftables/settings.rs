@@ -11,6 +11,9 @@ pub struct NftablesSettings {
     /// Destinations that accept node ports (`--nodeport-addresses`); empty: every local
     /// address but loopback.
     pub nodeport_cidrs: Vec<Net>,
+    /// `--nodeport-addresses primary`: only the node's primary IP of each family (the
+    /// plan's addresses) accepts node ports.
+    pub nodeport_primary: bool,
     /// Drop forwarded packets that conntrack finds invalid (`ct state invalid drop` in
     /// `filter-forward`), as the iptables mode does; the dataplane clears it when
     /// `nf_conntrack_tcp_be_liberal` is set.
@@ -22,6 +25,7 @@ impl Default for NftablesSettings {
         Self {
             masquerade_bit: 13,
             nodeport_cidrs: Vec::new(),
+            nodeport_primary: false,
             drop_invalid: true,
         }
     }
