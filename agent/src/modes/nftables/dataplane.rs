@@ -460,6 +460,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             &mut |line| payload.push_str(line),
         )?;
         report.phases.push(("conntrack", start.elapsed()));
+        report.conntrack = (!dry_run).then(|| self.udp.last_run());
         if !dry_run {
             self.plan = sorted(plan).then(|| Arc::clone(plan));
         }
