@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace: formatting, lints, then all tests, among
 # them the end-to-end and fault suites against a real kube-apiserver (each starts its own
-# from ../shared/k8s) and, in a throwaway VM, the ipvs mode. This is README's test
+# from ../shared/k8s), the traffic suite again in nftables mode and, in a throwaway VM,
+# the ipvs mode. This is README's test
 # command: it installs what it needs first (tests/setup.sh), so it alone works on a fresh
 # Debian machine, as root.
 set -euo pipefail
@@ -22,6 +23,10 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# The traffic suite runs in iptables mode above; nftables mode runs natively too.
+echo "== cargo test: the traffic suite in nftables mode"
+PROXYPLAN_TEST_MODE=nftables cargo test --locked -p proxyplan-agent --test traffic \
+    -- --skip legacy_backend 2>&1 | tee -a "$log" || status=$?
 # The ipvs mode needs a kernel with IPVS: the traffic suite (in ipvs mode) and the ipvs
 # kernel tests run inside the throwaway VM of ../shared/vm (one boot per test binary).
 echo "== cargo test in the VM (ipvs mode)"

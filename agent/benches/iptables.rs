@@ -26,8 +26,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,50 +36,15 @@ use std::time::{Duration, Instant};
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
 use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, InputWriter, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
+use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster};
 use proxyplan_controller::{DesiredObject, Planner};
 use proxyplan_crds::{MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge, object_key};
 use serde::{Deserialize, Serialize};
 
-const CHILD_VAR: &str = "AGENT_BENCH_CHILD_SERVICES";
-const RESULT_PREFIX: &str = "AGENT_BENCH_RESULT ";
-const NODE: &str = "node-00000";
+use common::{NODE, Netns, env_or, full, per_size, print_grid, proc_status_kib, sizes, spec};
+
 /// The column of a size run without back ends.
 const BINARY_ONLY: &str = "binary only";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={text:?} is not a valid value")),
-        Err(_) => default,
-    }
-}
-
-fn full() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
-
-fn spec(services: usize) -> SyntheticSpec {
-    SyntheticSpec {
-        services,
-        endpoints_per_service: env_or("AGENT_BENCH_ENDPOINTS", 10),
-        nodes: env_or("AGENT_BENCH_NODES", if full() { 100 } else { 10 }),
-        zones: env_or("AGENT_BENCH_ZONES", if full() { 10 } else { 2 }),
-        local_fraction: env_or("AGENT_BENCH_LOCAL", 0.05),
-        hinted_fraction: env_or("AGENT_BENCH_HINTED", 0.05),
-        seed: env_or("AGENT_BENCH_SEED", 1),
-    }
-}
-
-fn sizes() -> Vec<usize> {
-    let default = if full() { "10000,1000" } else { "100" };
-    std::env::var("AGENT_BENCH_SIZES")
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().parse().expect("AGENT_BENCH_SIZES: numbers"))
-        .collect()
-}
 
 /// The back ends to run; `none` (or nothing) runs none, only the binary.
 fn backends() -> Vec<String> {
@@ -137,15 +103,6 @@ struct SizeResult {
     bench_hwm_kib: u64,
 }
 
-/// A field of `/proc/PID/status`, in KiB.
-fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 /// A [`CommandRunner`] that adds up the time spent in the tools it runs.
 struct Timed {
     inner: CommandRunner,
@@ -191,32 +148,6 @@ impl Runner for Timed {
         line: &mut dyn FnMut(&str),
     ) -> Result<CommandOutput, DataplaneError> {
         self.time(|| self.inner.run_lines(program, args, line))
-    }
-}
-
-/// A network namespace deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("ppbench-{}-{tag}", std::process::id());
-        let status = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("ip netns add");
-        assert!(status.success(), "ip netns add {name} failed");
-        let _ = Command::new("ip")
-            .args(["netns", "exec", &name, "ip", "link", "set", "lo", "up"])
-            .status();
-        Self(name)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .status();
     }
 }
 
@@ -724,85 +655,16 @@ fn print_table(results: &[SizeResult]) {
                 .collect()
         })
         .collect();
-    let first = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|c| c[i].len())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
+    let rows: Vec<(&str, Vec<String>, &str)> = rows
+        .iter()
+        .zip(cells)
+        .map(|((label, _, budget), row)| (*label, row, *budget))
         .collect();
-    let last = rows.iter().map(|r| r.2.len()).max().unwrap_or(0).max(6);
-    let line = |label: &str, cells: &[String], budget: &str| {
-        let mut out = format!("| {label:<first$} |");
-        for (cell, width) in cells.iter().zip(&widths) {
-            out.push_str(&format!(" {cell:>width$} |"));
-        }
-        out.push_str(&format!(" {budget:<last$} |"));
-        println!("{out}");
-    };
-    line("measurement", &header, "budget");
-    println!(
-        "|{}|{}|{}|",
-        "-".repeat(first + 2),
-        widths
-            .iter()
-            .map(|w| "-".repeat(w + 2))
-            .collect::<Vec<_>>()
-            .join("|"),
-        "-".repeat(last + 2)
-    );
-    for ((label, _, budget), row) in rows.iter().zip(&cells) {
-        line(label, row, budget);
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
+    print_grid(&header, &rows);
 }
 
 fn main() {
-    if !is_root() {
-        println!("SKIPPED: the iptables bench needs root (it creates network namespaces)");
-        return;
+    if let Some(results) = per_size("iptables", sizes(), run_size) {
+        print_table(&results);
     }
-    if let Ok(services) = std::env::var(CHILD_VAR) {
-        let result = run_size(services.parse().expect("Service count"));
-        println!("{RESULT_PREFIX}{}", serde_json::to_string(&result).unwrap());
-        std::io::stdout().flush().unwrap();
-        return;
-    }
-    let exe = std::env::current_exe().expect("own path");
-    let results: Vec<SizeResult> = sizes()
-        .into_iter()
-        .map(|services| {
-            let output = Command::new(&exe)
-                .args(std::env::args().skip(1))
-                .env(CHILD_VAR, services.to_string())
-                .stderr(Stdio::inherit())
-                .output()
-                .expect("child benchmark");
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            assert!(
-                output.status.success(),
-                "benchmark at {services} Services failed\n{stdout}"
-            );
-            let line = stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(RESULT_PREFIX))
-                .expect("child result line");
-            serde_json::from_str(line).expect("child result")
-        })
-        .collect();
-    print_table(&results);
 }

@@ -25,6 +25,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -34,24 +36,10 @@ use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::ipvs::NetlinkKernel;
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
+use proxyplan_controller::Planner;
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
-use proxyplan_controller::{DesiredObject, Planner};
-use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, ServiceProxyPlan, merge_cached, merge_update, object_key,
-};
 
-const NODE: &str = "node-00000";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(default)
-}
-
-fn full() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
+use common::{NODE, Objects, env_or, full};
 
 struct Netns(String);
 
@@ -89,86 +77,6 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// The node's plan and every Service plan, as the agent's watches hold them: in one
-/// vector (merged without copies), each with a `resourceVersion` that moves when it
-/// changes, and the agent's merge cache.
-struct Objects {
-    plan: Option<NodeProxyPlan>,
-    services: Vec<ServiceProxyPlan>,
-    index: std::collections::HashMap<String, usize>,
-    /// Objects changed since the last merge, as the agent's cache tracks them.
-    changed: Vec<String>,
-    versions: u64,
-    cache: MergeCache,
-}
-
-impl Objects {
-    fn take(&mut self, planner: &mut Planner) {
-        let changes = planner.take_changes();
-        for object in changes.apply {
-            match object {
-                DesiredObject::Plan(mut p) if p.metadata.name.as_deref() == Some(NODE) => {
-                    // As the API server gives it: with a resourceVersion.
-                    self.versions += 1;
-                    p.metadata.resource_version = Some(self.versions.to_string());
-                    self.plan = Some(p);
-                }
-                DesiredObject::Plan(_) => {}
-                DesiredObject::Service(mut s) => {
-                    self.versions += 1;
-                    s.metadata.resource_version = Some(self.versions.to_string());
-                    let key = object_key(&s);
-                    self.changed.push(key.clone());
-                    match self.index.get(&key) {
-                        Some(&i) => self.services[i] = s,
-                        None => {
-                            self.index.insert(key, self.services.len());
-                            self.services.push(s);
-                        }
-                    }
-                }
-            }
-        }
-        for id in changes.delete {
-            self.changed.push(id.qualified_name());
-            if let Some(i) = self.index.remove(&id.qualified_name()) {
-                self.services.swap_remove(i);
-                self.cache.forget(&id.qualified_name());
-                if let Some(moved) = self.services.get(i) {
-                    self.index.insert(object_key(moved), i);
-                }
-            }
-        }
-    }
-
-    /// The merged plan, as the agent's `run` merges it: the last merge updated with the
-    /// changed objects (everything the first time).
-    fn merged(&mut self) -> MergedPlan {
-        let plan = self.plan.as_ref().expect("node plan");
-        let changed = std::mem::take(&mut self.changed);
-        let (services, index) = (&self.services, &self.index);
-        let lookup = |key: &str| index.get(key).and_then(|&i| services.get(i));
-        match merge_update(plan, lookup, &changed, &mut self.cache) {
-            Some(result) => result.expect("merges"),
-            None => merge_cached(plan, &self.services, &mut self.cache).expect("merges"),
-        }
-    }
-
-    fn write_file(&self) -> PathBuf {
-        let mut text = format!(
-            "---\n{}",
-            serde_yaml::to_string(self.plan.as_ref().unwrap()).unwrap()
-        );
-        for service in &self.services {
-            text.push_str("---\n");
-            text.push_str(&serde_yaml::to_string(service).unwrap());
-        }
-        let path = std::env::temp_dir().join(format!("ipvs-bench-{}.yaml", std::process::id()));
-        std::fs::write(&path, text).expect("plan file");
-        path
     }
 }
 
@@ -377,14 +285,7 @@ fn synthetic(services: usize) -> (SyntheticCluster, Planner, Objects) {
     let cluster = SyntheticCluster::generate(&spec).expect("synthetic cluster");
     let mut planner = Planner::new(SyntheticCluster::planner_config());
     assert!(cluster.load_into(&mut planner).is_empty());
-    let mut objects = Objects {
-        plan: None,
-        services: Vec::new(),
-        index: std::collections::HashMap::new(),
-        changed: Vec::new(),
-        versions: 0,
-        cache: MergeCache::new(),
-    };
+    let mut objects = Objects::default();
     objects.take(&mut planner);
     (cluster, planner, objects)
 }
@@ -495,7 +396,8 @@ fn bench(services: usize, changes: usize) {
     let cleanup = start.elapsed();
     drop(ns);
 
-    let file = objects.write_file();
+    let file = std::env::temp_dir().join(format!("ipvs-bench-{}.yaml", std::process::id()));
+    objects.write_file(&file);
     let (ipvs_wall, ipvs_hwm, ipvs_summary) = run_binary("ipvs", &file, &addresses);
     let iptables =
         (env_or("AGENT_BENCH_IPTABLES", 1) == 1).then(|| run_binary("iptables", &file, &addresses));

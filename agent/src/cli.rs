@@ -11,10 +11,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::conntrack::ConntrackSysctls;
 use proxyplan_agent::kernel::ipvs::{IpvsTimeouts, NetlinkKernel};
+use proxyplan_agent::kernel::nftables::NetlinkNft;
 use proxyplan_agent::kernel::{BackendChoice, CommandRunner, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
+use proxyplan_agent::modes::nftables::rules::Net;
+use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
+
+use crate::switch;
 use proxyplan_crds::TrafficPolicy;
 use proxyplan_crds::runtime::parse_duration;
 
@@ -64,10 +69,15 @@ enum Command {
 /// How the kernel is programmed.
 #[derive(Debug, Args)]
 struct DataplaneArgs {
-    /// Proxy mode: ipvs (IPVS virtual servers, VIPs on a dummy interface, ipsets and a
-    /// fixed set of iptables rules) or iptables (a chain per service and endpoint).
-    #[arg(long, value_enum, default_value_t = ProxyMode::Ipvs)]
-    mode: ProxyMode,
+    /// Proxy mode: nftables (one nf_tables table of the agent's own, with sets and verdict
+    /// maps, programmed over netlink), iptables (a chain per service and endpoint), ipvs
+    /// (IPVS virtual servers, VIPs on a dummy interface, ipsets and a fixed set of iptables
+    /// rules), or auto: nftables when the kernel takes everything the mode needs (checked
+    /// at start, without changing anything), iptables otherwise. At start the agent
+    /// removes what it owns of the other modes (their tables, chains, sets, IPVS services
+    /// and dummy interface). For cleanup, auto removes what every mode owns.
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    mode: ModeArg,
     /// Which iptables back end to use: the one the node already uses (auto), iptables-nft
     /// or iptables-legacy.
     #[arg(long, value_enum, default_value = "auto")]
@@ -172,7 +182,8 @@ struct ConntrackArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     conntrack_tcp_timeout_close_wait: Duration,
     /// Track TCP liberally (nf_conntrack_tcp_be_liberal=1): out-of-window packets are not
-    /// marked invalid, and iptables mode then adds no DROP rule for invalid packets.
+    /// marked invalid, and the iptables and nftables modes then add no DROP rule for invalid
+    /// forwarded packets.
     #[arg(long)]
     conntrack_tcp_be_liberal: bool,
     /// Idle timeout of UDP flows (nf_conntrack_udp_timeout); 0 leaves it alone.
@@ -256,6 +267,15 @@ struct SetupArgs {
     /// Also set route_localnet=1, which iptables mode's localhost node ports need.
     #[arg(long)]
     iptables_localhost_nodeports: bool,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Auto,
+    Nftables,
+    Iptables,
+    Ipvs,
 }
 
 /// `--iptables-backend`.
@@ -412,65 +432,107 @@ impl RenderArgs {
     }
 }
 
-/// The dataplane of `args.mode`, rendering with `render`.
-fn dataplane(
-    args: &DataplaneArgs,
-    render: RenderSettings,
-) -> anyhow::Result<Box<dyn Dataplane + Send>> {
-    let DataplaneArgs {
-        mode,
-        iptables_backend,
-        ipvs,
-    } = args;
-    let choice = match iptables_backend {
-        IptablesBackend::Auto => BackendChoice::Auto,
-        IptablesBackend::Nft => BackendChoice::Nft,
-        IptablesBackend::Legacy => BackendChoice::Legacy,
-    };
-    match mode {
-        ProxyMode::Iptables => Ok(Box::new(IptablesDataplane::with_backend_choice(
-            render,
-            CommandRunner::new(),
-            choice,
-        ))),
-        ProxyMode::Ipvs => {
-            let IpvsArgs {
-                ipvs_scheduler,
-                ipvs_exclude_cidrs,
-                ipvs_strict_arp,
-                ipvs_interface,
-                ipvs_termination_grace,
-                ipvs_tcp_timeout,
-                ipvs_tcpfin_timeout,
-                ipvs_udp_timeout,
-            } = ipvs;
-            let nodeport_cidrs = render
-                .nodeport_cidrs
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect();
-            let settings = IpvsSettings {
-                scheduler: ipvs_scheduler.clone(),
-                masquerade_bit: render.masquerade_bit,
-                interface: ipvs_interface.clone(),
-                exclude_cidrs: ipvs_exclude_cidrs.clone(),
-                nodeport_cidrs,
-                nodeport_primary: render.nodeport_primary,
-                strict_arp: *ipvs_strict_arp,
-                termination_grace: *ipvs_termination_grace,
-                timeouts: IpvsTimeouts {
-                    tcp: *ipvs_tcp_timeout,
-                    tcp_fin: *ipvs_tcpfin_timeout,
-                    udp: *ipvs_udp_timeout,
+impl DataplaneArgs {
+    /// The mode to run: `--mode`, with auto resolved; and why, for auto.
+    fn resolve(&self) -> (ProxyMode, Option<String>) {
+        match self.mode {
+            ModeArg::Nftables => (ProxyMode::Nftables, None),
+            ModeArg::Iptables => (ProxyMode::Iptables, None),
+            ModeArg::Ipvs => (ProxyMode::Ipvs, None),
+            ModeArg::Auto => {
+                let (mode, why) = switch::auto_mode();
+                (mode, Some(why))
+            }
+        }
+    }
+
+    /// The dataplane of `mode`, rendering with `render`.
+    fn dataplane(&self, mode: ProxyMode, render: &RenderSettings) -> Box<dyn Dataplane + Send> {
+        let Self {
+            mode: _,
+            iptables_backend,
+            ipvs,
+        } = self;
+        let choice = match iptables_backend {
+            IptablesBackend::Auto => BackendChoice::Auto,
+            IptablesBackend::Nft => BackendChoice::Nft,
+            IptablesBackend::Legacy => BackendChoice::Legacy,
+        };
+        match mode {
+            ProxyMode::Nftables => Box::new(NftablesDataplane::new(
+                NftablesSettings {
+                    masquerade_bit: render.masquerade_bit,
+                    nodeport_cidrs: render
+                        .nodeport_cidrs
+                        .iter()
+                        .filter_map(|c| Net::parse(c))
+                        .collect(),
+                    nodeport_primary: render.nodeport_primary,
+                    drop_invalid: render.drop_invalid,
                 },
-            };
-            Ok(Box::new(IpvsDataplane::new(
-                settings,
-                NetlinkKernel::new(),
+                NetlinkNft::new(),
+                CommandRunner::new(),
+            )),
+            ProxyMode::Iptables => Box::new(IptablesDataplane::with_backend_choice(
+                render.clone(),
                 CommandRunner::new(),
                 choice,
-            )))
+            )),
+            ProxyMode::Ipvs => {
+                let IpvsArgs {
+                    ipvs_scheduler,
+                    ipvs_exclude_cidrs,
+                    ipvs_strict_arp,
+                    ipvs_interface,
+                    ipvs_termination_grace,
+                    ipvs_tcp_timeout,
+                    ipvs_tcpfin_timeout,
+                    ipvs_udp_timeout,
+                } = ipvs;
+                let nodeport_cidrs = render
+                    .nodeport_cidrs
+                    .iter()
+                    .filter_map(|c| c.parse().ok())
+                    .collect();
+                let settings = IpvsSettings {
+                    scheduler: ipvs_scheduler.clone(),
+                    masquerade_bit: render.masquerade_bit,
+                    interface: ipvs_interface.clone(),
+                    exclude_cidrs: ipvs_exclude_cidrs.clone(),
+                    nodeport_cidrs,
+                    nodeport_primary: render.nodeport_primary,
+                    strict_arp: *ipvs_strict_arp,
+                    termination_grace: *ipvs_termination_grace,
+                    timeouts: IpvsTimeouts {
+                        tcp: *ipvs_tcp_timeout,
+                        tcp_fin: *ipvs_tcpfin_timeout,
+                        udp: *ipvs_udp_timeout,
+                    },
+                };
+                Box::new(IpvsDataplane::new(
+                    settings,
+                    NetlinkKernel::new(),
+                    CommandRunner::new(),
+                    choice,
+                ))
+            }
         }
+    }
+
+    /// `--mode`, unless it is auto.
+    fn resolve_explicit(&self) -> Option<ProxyMode> {
+        match self.mode {
+            ModeArg::Auto => None,
+            _ => Some(self.resolve().0),
+        }
+    }
+
+    /// Removes what the agent owns of the modes other than `mode`; one line per thing
+    /// done.
+    fn leave_other_modes(&self, mode: ProxyMode, render: &RenderSettings) -> Vec<String> {
+        switch::remove_other_modes(mode, &self.ipvs.ipvs_interface, &|other| {
+            self.dataplane(other, render)
+        })
     }
 }
 
@@ -499,11 +561,19 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     // Before the dataplane starts: iptables mode reads nf_conntrack_tcp_be_liberal.
     conntrack.apply();
     let (nodeport_addresses, nodeport_primary) = render.nodeport()?;
-    let dataplane = dataplane(&dataplane_args, render.settings()?)?;
+    let render = render.settings()?;
+    let (mode, why) = dataplane_args.resolve();
+    if let Some(why) = why {
+        tracing::info!("{why}");
+    }
+    for done in dataplane_args.leave_other_modes(mode, &render) {
+        tracing::info!("{done}");
+    }
+    let dataplane = dataplane_args.dataplane(mode, &render);
     let settings = run::Settings {
         node_name: node,
         kubeconfig,
-        mode: dataplane_args.mode,
+        mode,
         nodeport_addresses,
         nodeport_primary,
         min_sync_interval,
@@ -532,17 +602,25 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
     // Shared, not copied: ipvs mode keeps the plan it synced to compare the next with.
     let merged = std::sync::Arc::new(merged);
+    let render = render.settings()?;
+    let (mode, why) = dataplane_args.resolve();
+    if let Some(why) = why {
+        eprintln!("{why}");
+    }
     if !dry_run {
         conntrack.apply();
+        for done in dataplane_args.leave_other_modes(mode, &render) {
+            eprintln!("{done}");
+        }
     }
-    let mut dataplane = dataplane(&dataplane_args, render.settings()?)?;
+    let mut dataplane = dataplane_args.dataplane(mode, &render);
     let started = std::time::Instant::now();
     let report = dataplane.sync_shared(&merged, dry_run)?;
     let elapsed = started.elapsed();
     let endpoints = run::status::endpoint_count(&merged);
     let summary = format!(
-        "node {} plan revision {}: {} service ports, {} endpoints; {} rules, {} changed, {} \
-         conntrack entries deleted, {} ms",
+        "node {} plan revision {} ({mode} mode): {} service ports, {} endpoints; {} rules, {} \
+         changed, {} conntrack entries deleted, {} ms",
         merged.node_name,
         merged.revision,
         merged.service_ports.len(),
@@ -588,12 +666,22 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
     let CleanupArgs {
         dataplane: dataplane_args,
     } = args;
-    let mut dataplane = dataplane(&dataplane_args, RenderSettings::default())?;
-    let report = dataplane.cleanup()?;
-    println!(
-        "removed what the agent owned ({} mode): {} chains or objects",
-        dataplane_args.mode, report.changed
-    );
+    let render = RenderSettings::default();
+    let modes = match dataplane_args.resolve_explicit() {
+        Some(mode) => vec![mode],
+        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
+    };
+    let every = modes.len() > 1;
+    for mode in modes {
+        if every && !switch::may_have_left(mode, &dataplane_args.ipvs.ipvs_interface) {
+            continue;
+        }
+        let report = dataplane_args.dataplane(mode, &render).cleanup()?;
+        println!(
+            "removed what the agent owned ({mode} mode): {} chains or objects",
+            report.changed
+        );
+    }
     Ok(())
 }
 

@@ -220,6 +220,27 @@ impl UdpPaths {
     }
 }
 
+/// With it non-zero, conntrack tracks TCP liberally (out-of-window packets are not
+/// invalid).
+const BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+
+/// Whether `nf_conntrack_tcp_be_liberal` is set where `runner` works. As kube-proxy's
+/// iptables mode, the modes then leave out their DROP of invalid packets, and say so.
+#[must_use]
+pub fn tcp_be_liberal(runner: &impl Runner) -> bool {
+    let liberal = runner
+        .read_sysctl(BE_LIBERAL)
+        .ok()
+        .flatten()
+        .is_some_and(|v| v.trim() != "0");
+    if liberal {
+        tracing::info!(
+            "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+        );
+    }
+    liberal
+}
+
 /// The entries made stale by moving from `previous` to `next`, deduplicated.
 #[must_use]
 pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
@@ -248,15 +269,7 @@ pub struct UdpTracker {
     last: ConntrackRun,
 }
 
-/// What the last [`UdpTracker::clear`] did, for kube-proxy's conntrack reconciler
-/// metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConntrackRun {
-    /// Entries deleted, IPv4 and IPv6.
-    pub deleted: [usize; 2],
-    /// How long it took.
-    pub elapsed: std::time::Duration,
-}
+pub use crate::kernel::conntrack::ConntrackRun;
 
 impl UdpTracker {
     /// Forgets the paths: the next sync lists the conntrack table.

@@ -23,7 +23,7 @@ pub struct SyncReport {
     /// logs and benchmarks.
     pub phases: Vec<(&'static str, std::time::Duration)>,
     /// The stale-UDP conntrack step, when the mode ran it.
-    pub conntrack: Option<crate::conntrack::ConntrackRun>,
+    pub conntrack: Option<crate::kernel::conntrack::ConntrackRun>,
 }
 
 /// A proxy mode's kernel programming.

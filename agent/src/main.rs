@@ -1,6 +1,7 @@
 //! `proxyplan-agent`: programs a node's kernel from its `NodeProxyPlan`.
 
 mod cli;
+mod switch;
 
 use clap::Parser;
 

@@ -189,6 +189,19 @@ fn ipvs() -> bool {
     traffic_support::mode_under_test() == ProxyMode::Ipvs
 }
 
+/// Whether the suite runs in nftables mode, where a few behaviours differ from iptables
+/// mode exactly as kube-proxy's nftables mode differs from its iptables mode.
+fn nftables() -> bool {
+    traffic_support::mode_under_test() == ProxyMode::Nftables
+}
+
+/// The entry as SCTP.
+fn sctp(mut entry: ServicePortPlan) -> ServicePortPlan {
+    entry.protocol = proxyplan_crds::Protocol::SCTP;
+    entry.key = entry.key.replace("/TCP/", "/SCTP/");
+    entry
+}
+
 fn sync(dp: &mut impl Dataplane, plan: &MergedPlan) {
     dp.sync(plan, false).expect("sync");
 }
@@ -254,12 +267,16 @@ fn clusterip_keeps_pod_source_and_masquerades_off_cluster_clients() {
     assert_eq!(sources(&from_node, "r1/8080"), only(NODE_TO_REMOTE_V4));
 }
 
-/// `--detect-local-mode=InterfaceNamePrefix` (CNIs whose pods are not inside one CIDR):
-/// traffic that arrives on a pod interface (here `pa1`, `pa2`, prefix `pa`) is in-cluster
-/// and keeps its source; the rest is masqueraded, as with a CIDR.
-#[test]
-fn interface_prefix_detection_keeps_pod_sources() {
-    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+/// Local-traffic detection by interface: a connection from pod `local` (arriving on its
+/// interface) keeps its source, one from pod `other` is masqueraded to the node's address
+/// on the pods' side.
+fn interface_detection(
+    mode: proxyplan_crds::LocalTrafficMode,
+    name: &str,
+    local: &str,
+    other: &str,
+) {
+    let Some(lab) = Lab::new(&["a1", "a2", "a3"]) else {
         return;
     };
     lab.serve("a1", Family::V4, Listener::Tcp, 8080);
@@ -267,16 +284,45 @@ fn interface_prefix_detection_keeps_pod_sources() {
     let web = service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]);
     let mut plan = plan(vec![web]);
     plan.local_traffic = proxyplan_crds::LocalTrafficDetection {
-        mode: proxyplan_crds::LocalTrafficMode::InterfaceNamePrefix,
+        mode,
         cidrs: Vec::new(),
-        interface: Some("pa".to_owned()),
+        interface: Some(name.to_owned()),
     };
     sync(&mut dp, &plan);
     let want = ["a1/8080"];
-    let from_pod = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
-    assert_eq!(sources(&from_pod, "a1/8080"), only("10.244.1.11"));
-    let from_ext = tcp_until_all(&lab.client("ext"), "10.96.0.10", 80, &want);
-    assert_eq!(sources(&from_ext, "a1/8080"), only(NODE_POD_GW_V4));
+    let from_local = tcp_until_all(&lab.client(local), "10.96.0.10", 80, &want);
+    assert_eq!(
+        sources(&from_local, "a1/8080"),
+        only(lab.pod(local).ip(Family::V4))
+    );
+    let from_other = tcp_until_all(&lab.client(other), "10.96.0.10", 80, &want);
+    assert_eq!(sources(&from_other, "a1/8080"), only(NODE_POD_GW_V4));
+}
+
+/// `--detect-local-mode=InterfaceNamePrefix` (CNIs whose pods are not inside one CIDR):
+/// traffic that arrives on a pod interface (here `pa1`..`pa3`, prefix `pa`) is in-cluster
+/// and keeps its source; the rest (here from off the cluster) is masqueraded.
+#[test]
+fn interface_prefix_detection_keeps_pod_sources() {
+    interface_detection(
+        proxyplan_crds::LocalTrafficMode::InterfaceNamePrefix,
+        "pa",
+        "a2",
+        "ext",
+    );
+}
+
+/// `--detect-local-mode=BridgeInterface`: traffic that arrives on that one interface
+/// (here pod `a2`'s `pa2`; in a cluster, the pods' bridge) is in-cluster and keeps its
+/// source; the rest, even from a pod on another interface, is masqueraded.
+#[test]
+fn bridge_interface_detection_keeps_that_interfaces_sources() {
+    interface_detection(
+        proxyplan_crds::LocalTrafficMode::BridgeInterface,
+        "pa2",
+        "a2",
+        "a3",
+    );
 }
 
 /// `masqueradeAll`: even pod traffic to the cluster IP is masqueraded.
@@ -699,8 +745,9 @@ fn service_without_endpoints_is_rejected() {
     assert_rejected("load-balancer IP", || ext.tcp("192.0.2.13", 80));
 }
 
-/// Someone flushes and deletes every nat chain: the canary notices, the next sync puts
-/// the rules back and traffic flows again.
+/// Someone flushes and deletes every nat chain (in nftables mode: flushes the agent's
+/// dispatch chain, deletes an element, deletes the table): the canary notices, the next
+/// sync puts the rules back and traffic flows again.
 #[test]
 fn flushed_rules_are_noticed_and_restored() {
     let Some(lab) = Lab::new(&["a1", "a2"]) else {
@@ -719,6 +766,43 @@ fn flushed_rules_are_noticed_and_restored() {
     assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
     assert!(dp.rules_intact().expect("canary"));
 
+    if nftables() {
+        // A commit to another table is not tampering.
+        lab.exec("node", &["nft", "add", "table", "inet", "someone-else"]);
+        assert!(dp.rules_intact().expect("canary"));
+        let tamper: [&[&str]; 3] = [
+            &["nft", "flush", "chain", "ip", "proxyplan", "services"],
+            &[
+                "nft",
+                "delete",
+                "element",
+                "ip",
+                "proxyplan",
+                "service-ips",
+                "{ 10.96.0.10 . tcp . 80 }",
+            ],
+            &["nft", "delete", "table", "ip", "proxyplan"],
+        ];
+        for command in tamper {
+            lab.exec("node", command);
+            assert_eq!(pod.tcp("10.96.0.10", 80).backend(), None, "{command:?}");
+            assert!(
+                !dp.rules_intact().expect("canary"),
+                "{command:?} not noticed"
+            );
+            sync(&mut dp, &plan);
+            assert!(
+                dp.rules_intact().expect("canary"),
+                "{command:?} not repaired"
+            );
+            assert_eq!(
+                pod.tcp("10.96.0.10", 80).backend(),
+                Some("a1/8080"),
+                "{command:?}"
+            );
+        }
+        return;
+    }
     lab.exec("node", &["iptables-nft", "-t", "nat", "-F"]);
     lab.exec("node", &["iptables-nft", "-t", "nat", "-X"]);
     if ipvs() {
@@ -731,6 +815,179 @@ fn flushed_rules_are_noticed_and_restored() {
     sync(&mut dp, &plan);
     assert!(dp.rules_intact().expect("canary"));
     assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+}
+
+/// A port the Service does not have, on its cluster IP: kube-proxy's iptables mode
+/// leaves it alone (routed on, nothing answers here), its ipvs mode refuses it (the
+/// VIP is the node's own address) and its nftables mode rejects it ("Reject traffic to
+/// invalid ports of ClusterIPs"); TCP to a UDP-only cluster IP is the same.
+#[test]
+fn unknown_port_of_a_cluster_ip() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let mut dp = lab.dataplane();
+    sync(
+        &mut dp,
+        &plan(vec![
+            service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+            udp(service("dns", "10.96.0.53", 53, &["10.244.1.10:5353"])),
+        ]),
+    );
+    let pod = lab.client("a2").limit(Duration::from_secs(1));
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+    for (addr, port) in [("10.96.0.10", 81), ("10.96.0.53", 53)] {
+        let probe = || pod.tcp(addr, port);
+        if ipvs() || nftables() {
+            assert_rejected(&format!("{addr}:{port}"), probe);
+        } else {
+            assert_dropped(&format!("{addr}:{port}"), probe);
+        }
+    }
+}
+
+/// An address inside the cluster's ServiceCIDRs that no Service uses (here one that
+/// `ext`, off the cluster, happens to answer on): kube-proxy's nftables mode drops
+/// traffic to it ("Drop traffic to unallocated ClusterIPs"), in forwarding and from the
+/// node itself; its iptables and ipvs modes do not look at the ServiceCIDRs and route it
+/// on. Once the address is outside the plan's ServiceCIDRs, nftables mode routes it on
+/// too. Both families.
+#[test]
+fn unallocated_address_in_the_service_cidrs() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let unused = [("10.96.9.9", "32"), ("fd00:10:96::999", "128")];
+    for (addr, len) in unused {
+        lab.exec(
+            "ext",
+            &["ip", "addr", "add", &format!("{addr}/{len}"), "dev", "lo"],
+        );
+        lab.serve_at("ext", addr, Listener::Tcp, 80);
+    }
+    let mut dp = lab.dataplane();
+    // One Service per family: a family without Services has no table.
+    let mut plan = plan(vec![
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        service("web6", "fd00:10:96::10", 80, &["[fd00:10:244:1::10]:8080"]),
+    ]);
+    plan.service_cidrs = vec!["10.96.0.0/16".to_owned(), "fd00:10:96::/112".to_owned()];
+    sync(&mut dp, &plan);
+    let pod = lab.client("a2").limit(Duration::from_secs(1));
+    let node = lab.client("node").limit(Duration::from_secs(1));
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+    for (addr, _) in unused {
+        for (who, client) in [("pod", &pod), ("node", &node)] {
+            let what = format!("{who} to unallocated {addr}:80");
+            if nftables() {
+                assert_dropped(&what, || client.tcp(addr, 80));
+            } else {
+                assert_eq!(client.tcp(addr, 80).backend(), Some("ext/80"), "{what}");
+            }
+        }
+    }
+    // Outside the ServiceCIDRs, the same addresses are the network's.
+    plan.service_cidrs = vec!["10.96.0.0/24".to_owned(), "fd00:10:96::/120".to_owned()];
+    sync(&mut dp, &plan);
+    for (addr, _) in unused {
+        assert_eq!(pod.tcp(addr, 80).backend(), Some("ext/80"), "{addr}");
+    }
+    assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
+}
+
+/// A forwarded packet that conntrack finds invalid (a TCP segment with SYN and FIN set)
+/// is dropped, as kube-proxy's iptables mode drops it (`--ctstate INVALID -j DROP`),
+/// unless `nf_conntrack_tcp_be_liberal` is set, which leaves the rule out; a plain SYN
+/// passes either way. ipvs mode, like kube-proxy's, has no such rule. (kube-proxy's
+/// nftables mode has none either; ours keeps the iptables mode's, so that switching
+/// from iptables to nftables mode changes nothing here.) Both families.
+#[test]
+fn invalid_packets_are_dropped_in_forwarding_unless_tracking_is_liberal() {
+    let Some(lab) = Lab::new(&["a1"]) else {
+        return;
+    };
+    // One Service per family: a family without Services has no rules.
+    let web = plan(vec![
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        service("web6", "fd00:10:96::10", 80, &["[fd00:10:244:1::10]:8080"]),
+    ]);
+    let pod = lab.client("a1");
+    let probe = |drops: bool| {
+        for (family, dst) in [(Family::V4, EXT_V4), (Family::V6, EXT_V6)] {
+            let valid = lab.raw_listen("ext", family, 6, 9001);
+            pod.tcp_segments(dst, 9001, 0x02);
+            assert_eq!(valid.outcome().backend(), Some("ext/9001"), "SYN to {dst}");
+            let invalid = lab.raw_listen("ext", family, 6, 9002);
+            pod.tcp_segments(dst, 9002, 0x03);
+            let outcome = invalid.outcome();
+            if drops {
+                assert_eq!(outcome, Outcome::TimedOut, "SYN+FIN to {dst}");
+            } else {
+                assert_eq!(outcome.backend(), Some("ext/9002"), "SYN+FIN to {dst}");
+            }
+        }
+    };
+    let mut dp = lab.dataplane();
+    sync(&mut dp, &web);
+    probe(!ipvs());
+    lab.exec(
+        "node",
+        &[
+            "sysctl",
+            "-qw",
+            "net.netfilter.nf_conntrack_tcp_be_liberal=1",
+        ],
+    );
+    // The agent reads the sysctl when it starts.
+    let mut dp = lab.dataplane();
+    sync(&mut dp, &web);
+    probe(false);
+}
+
+/// An SCTP Service: a pod's packets reach the endpoint with their source, an
+/// off-cluster client's are masqueraded; IPv4 and IPv6.
+#[test]
+fn sctp_service_reaches_its_endpoint() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    let mut dp = lab.dataplane();
+    sync(
+        &mut dp,
+        &plan(vec![
+            sctp(service("sctp", "10.96.0.100", 9999, &["10.244.1.10:9999"])),
+            sctp(service(
+                "sctp6",
+                "fd00:10:96::100",
+                9999,
+                &["[fd00:10:244:1::10]:9999"],
+            )),
+        ]),
+    );
+    for (family, vip, pod_source, gw) in [
+        (Family::V4, "10.96.0.100", "10.244.1.11", NODE_POD_GW_V4),
+        (
+            Family::V6,
+            "fd00:10:96::100",
+            "fd00:10:244:1::11",
+            NODE_POD_GW_V6,
+        ),
+    ] {
+        for (client, source) in [("a2", pod_source), ("ext", gw)] {
+            let listener = lab.sctp_listen("a1", family, 9999);
+            lab.client(client).sctp(vip, 9999);
+            assert_eq!(
+                listener.outcome(),
+                Outcome::Served {
+                    backend: "a1/9999".into(),
+                    source: ip(source),
+                },
+                "{client} -> {vip}"
+            );
+        }
+    }
 }
 
 /// Hairpin: a pod reaching itself through its Service is answered, and sees the node's
@@ -797,10 +1054,14 @@ fn ipv6_service_keeps_pod_source_and_masquerades_off_cluster_clients() {
     assert_eq!(sources(&node_port, "r1/8080"), only(NODE_TO_REMOTE_V6));
     assert!(!sources(&from_ext, "a1/8080").contains(&ip(EXT_V6)));
     // Nothing for IPv4 was programmed.
-    assert!(
-        !lab.node_rules(Backend::Nft, Family::V4)
-            .contains(names::SERVICES)
-    );
+    if nftables() {
+        assert!(!lab.node_nft().contains("table ip proxyplan"));
+    } else {
+        assert!(
+            !lab.node_rules(Backend::Nft, Family::V4)
+                .contains(names::SERVICES)
+        );
+    }
 }
 
 /// A UDP Service reaches every endpoint; pods keep their address, off-cluster clients are
@@ -812,6 +1073,8 @@ fn udp_service_reaches_every_endpoint() {
     };
     lab.serve("a1", Family::V4, Listener::Udp, 5353);
     lab.serve("r1", Family::V4, Listener::Udp, 5353);
+    lab.serve("a1", Family::V6, Listener::Udp, 5353);
+    lab.serve("r1", Family::V6, Listener::Udp, 5353);
     let mut dp = lab.dataplane();
     let dns = udp(service(
         "dns",
@@ -819,14 +1082,35 @@ fn udp_service_reaches_every_endpoint() {
         53,
         &["10.244.1.10:5353", "10.244.2.10:5353"],
     ));
-    sync(&mut dp, &plan(vec![dns]));
+    let dns6 = udp(service(
+        "dns6",
+        "fd00:10:96::53",
+        53,
+        &["[fd00:10:244:1::10]:5353", "[fd00:10:244:2::10]:5353"],
+    ));
+    sync(&mut dp, &plan(vec![dns, dns6]));
     let want = ["a1/5353", "r1/5353"];
-    let from_pod = until_all(&want, 40, || lab.client("a2").udp("10.96.0.53", 53));
-    assert_eq!(sources(&from_pod, "a1/5353"), only("10.244.1.11"));
-    assert_eq!(sources(&from_pod, "r1/5353"), only("10.244.1.11"));
-    let from_ext = until_all(&want, 40, || lab.client("ext").udp("10.96.0.53", 53));
-    assert_eq!(sources(&from_ext, "a1/5353"), only(NODE_POD_GW_V4));
-    assert_eq!(sources(&from_ext, "r1/5353"), only(NODE_TO_REMOTE_V4));
+    for (vip, pod, gw, remote) in [
+        (
+            "10.96.0.53",
+            "10.244.1.11",
+            NODE_POD_GW_V4,
+            NODE_TO_REMOTE_V4,
+        ),
+        (
+            "fd00:10:96::53",
+            "fd00:10:244:1::11",
+            NODE_POD_GW_V6,
+            NODE_TO_REMOTE_V6,
+        ),
+    ] {
+        let from_pod = until_all(&want, 40, || lab.client("a2").udp(vip, 53));
+        assert_eq!(sources(&from_pod, "a1/5353"), only(pod), "{vip}");
+        assert_eq!(sources(&from_pod, "r1/5353"), only(pod), "{vip}");
+        let from_ext = until_all(&want, 40, || lab.client("ext").udp(vip, 53));
+        assert_eq!(sources(&from_ext, "a1/5353"), only(gw), "{vip}");
+        assert_eq!(sources(&from_ext, "r1/5353"), only(remote), "{vip}");
+    }
 }
 
 /// Endpoints and Services added and removed one sync at a time; each change shows in the
@@ -1068,6 +1352,20 @@ fn cleanup_leaves_iptables_as_before() {
         }
     }
     let before = [Family::V4, Family::V6].map(|f| lab.node_rules(Backend::Nft, f));
+    // Other programs' nf_tables tables, kube-proxy's among them.
+    for command in [
+        "add table ip kube-proxy",
+        "add chain ip kube-proxy services",
+        "add rule ip kube-proxy services ip daddr 10.96.0.10 counter",
+        "add table inet firewall",
+        "add chain inet firewall input { type filter hook input priority 0; }",
+        "add rule inet firewall input tcp dport 22 accept",
+    ] {
+        let mut argv = vec!["nft"];
+        argv.extend(command.split_whitespace());
+        lab.exec("node", &argv);
+    }
+    let nft_before = lab.node_nft();
     lab.serve("a1", Family::V4, Listener::Tcp, 8080);
     lab.serve("a1", Family::V6, Listener::Tcp, 8080);
     let mut dp = lab.dataplane();
@@ -1099,6 +1397,11 @@ fn cleanup_leaves_iptables_as_before() {
     let after = [Family::V4, Family::V6].map(|f| lab.node_rules(Backend::Nft, f));
     assert_eq!(after[0], before[0], "IPv4 rules after cleanup");
     assert_eq!(after[1], before[1], "IPv6 rules after cleanup");
+    if nftables() {
+        // (iptables-nft leaves the empty base chains it created: iptables-save shows
+        // no difference, `nft list` does.)
+        assert_eq!(lab.node_nft(), nft_before, "nf_tables after cleanup");
+    }
     assert_dropped("cluster IP after cleanup", || {
         pod.limit(Duration::from_secs(1)).tcp("10.96.0.10", 80)
     });

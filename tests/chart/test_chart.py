@@ -215,7 +215,7 @@ class Defaults(unittest.TestCase):
         self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
 
     def test_ipvs_sysctls_init_container(self) -> None:
-        pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
+        pod = find(render(IPVS), "DaemonSet")["spec"]["template"]["spec"]
         (_, init) = pod["initContainers"]
         self.assertEqual(init["name"], "ipvs-sysctls")
         self.assertIs(init["securityContext"]["privileged"], True)
@@ -229,7 +229,8 @@ class Defaults(unittest.TestCase):
             self.assertIn(sysctl, script)
         self.assertIn("modprobe -a ip_vs ip_vs_rr dummy", script)
         self.assertNotIn("arp_ignore", script)
-        strict = render({"agent": {"ipvs": {"strictARP": True, "scheduler": "mh",
+        strict = render({"agent": {"mode": "ipvs",
+                                   "ipvs": {"strictARP": True, "scheduler": "mh",
                                             "excludeCIDRs": ["10.0.0.0/8", "fd00::/8"]}}})
         spec = find(strict, "DaemonSet")["spec"]["template"]["spec"]
         self.assertIn("arp_ignore=1", spec["initContainers"][1]["command"][-1])
@@ -240,16 +241,18 @@ class Defaults(unittest.TestCase):
             self.assertIn(flag, args)
 
     def test_ipvs_timeouts_and_conn_reuse_mode(self) -> None:
-        args = container(self.objects, "DaemonSet")["args"]
+        objects = render(IPVS)
+        args = container(objects, "DaemonSet")["args"]
         for flag in ("--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s",
                      "--ipvs-udp-timeout=0s"):
             self.assertIn(flag, args)
-        (init,) = [c for c in find(self.objects, "DaemonSet")["spec"]["template"]["spec"][
+        (init,) = [c for c in find(objects, "DaemonSet")["spec"]["template"]["spec"][
             "initContainers"] if c["name"] == "ipvs-sysctls"]
         script = init["command"][-1]
         self.assertIn("4.[1-9]*|5.[0-8].*|5.[0-8]-*)", script)
         self.assertIn("/proc/sys/net/ipv4/vs/conn_reuse_mode", script)
-        custom = render({"agent": {"ipvs": {"tcpTimeout": "1h", "tcpFinTimeout": "30s",
+        custom = render({"agent": {"mode": "ipvs",
+                                   "ipvs": {"tcpTimeout": "1h", "tcpFinTimeout": "30s",
                                             "udpTimeout": "5m"}}})
         args = container(custom, "DaemonSet")["args"]
         for flag in ("--ipvs-tcp-timeout=1h", "--ipvs-tcpfin-timeout=30s",
@@ -283,13 +286,24 @@ class Defaults(unittest.TestCase):
             self.assertIn(flag, setup["args"])
             self.assertIn(flag, container(objects, "DaemonSet")["args"])
 
-    def test_iptables_mode_has_no_ipvs_parts(self) -> None:
-        objects = render({"agent": {"mode": "iptables"}})
-        pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
-        self.assertEqual([c["name"] for c in pod["initContainers"]], ["node-setup"])
-        args = container(objects, "DaemonSet")["args"]
-        self.assertIn("--mode=iptables", args)
-        self.assertFalse([a for a in args if a.startswith("--ipvs")])
+    def test_non_ipvs_modes_have_no_ipvs_parts(self) -> None:
+        for mode in ("auto", "nftables", "iptables"):
+            objects = render({"agent": {"mode": mode}})
+            pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+            self.assertEqual([c["name"] for c in pod["initContainers"]], ["node-setup"], mode)
+            args = container(objects, "DaemonSet")["args"]
+            self.assertIn(f"--mode={mode}", args)
+            self.assertFalse([a for a in args if a.startswith("--ipvs")], mode)
+
+    def test_ipvs_mode_args(self) -> None:
+        args = container(render(IPVS), "DaemonSet")["args"]
+        for flag in (
+            "--mode=ipvs",
+            "--ipvs-scheduler=rr",
+            "--ipvs-interface=proxyplan-ipvs0",
+            "--ipvs-termination-grace=120s",
+        ):
+            self.assertIn(flag, args)
 
     def test_agent_mounts(self) -> None:
         pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
@@ -321,10 +335,7 @@ class Defaults(unittest.TestCase):
         self.assertEqual(args[0], "run")
         for flag in (
             "--node=$(NODE_NAME)",
-            "--mode=ipvs",
-            "--ipvs-scheduler=rr",
-            "--ipvs-interface=proxyplan-ipvs0",
-            "--ipvs-termination-grace=120s",
+            "--mode=auto",
             "--iptables-backend=auto",
             "--masquerade-bit=13",
             "--sync-period=30s",
@@ -394,6 +405,8 @@ class Defaults(unittest.TestCase):
         self.assertIn("kubectl get nodeproxyplans", text)
         self.assertIn("kubectl describe npp <node>", text)
 
+
+IPVS = {"agent": {"mode": "ipvs"}}
 
 OVERRIDES = {
     "controller": {

@@ -15,6 +15,7 @@ pub mod ipvs;
 pub mod link;
 pub mod namespace;
 pub mod netlink;
+pub mod nftables;
 pub mod sysctl;
 
 pub use command::{CommandOutput, CommandRunner, InputWriter, Runner};

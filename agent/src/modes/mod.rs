@@ -12,3 +12,4 @@
 
 pub mod iptables;
 pub mod ipvs;
+pub mod nftables;

@@ -34,6 +34,9 @@ use watches::Watches;
 /// The proxy mode: how plans become kernel state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ProxyMode {
+    /// One nf_tables table of the agent's own, with sets and verdict maps: O(1) packet
+    /// lookup, programmed by difference over netlink.
+    Nftables,
     /// IPVS virtual servers, VIPs on a dummy interface, ipsets and a fixed set of
     /// iptables rules: O(1) packet lookup however many services exist.
     Ipvs,
@@ -46,6 +49,7 @@ impl ProxyMode {
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Nftables => "nftables",
             Self::Ipvs => "ipvs",
             Self::Iptables => "iptables",
         }

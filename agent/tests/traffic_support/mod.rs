@@ -33,9 +33,11 @@ use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::Dataplane;
 use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+use proxyplan_agent::kernel::nftables::NetlinkNft;
 use proxyplan_agent::kernel::{Backend, BackendChoice, CommandRunner, Family, Tool};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
+use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_agent::run::ProxyMode;
 
 /// The node's address towards `ext`.
@@ -179,6 +181,8 @@ fn unavailable() -> Option<String> {
         ("ss", "-V"),
         ("conntrack", "--version"),
         ("iptables-nft", "--version"),
+        ("nft", "--version"),
+        ("python3", "--version"),
     ] {
         if Command::new(tool)
             .arg(probe)
@@ -190,8 +194,8 @@ fn unavailable() -> Option<String> {
             // Root but a tool missing is a broken test machine, not a reason to skip:
             // `.ci/run` installs every one of them (and the VM step passes them in).
             panic!(
-                "{tool} is not installed: the traffic tests need ip, socat, ss, conntrack and \
-                 iptables-nft (`bash .ci/run` installs them)"
+                "{tool} is not installed: the traffic tests need ip, socat, ss, conntrack, \
+                 iptables-nft, nft and python3 (`bash tests/setup.sh` installs them)"
             );
         }
     }
@@ -199,11 +203,12 @@ fn unavailable() -> Option<String> {
 }
 
 /// The proxy mode the traffic tests exercise: `PROXYPLAN_TEST_MODE=ipvs` (set when they
-/// run inside the VM of `shared/vm`, whose kernel has IPVS) or iptables.
+/// run inside the VM of `shared/vm`, whose kernel has IPVS), `nftables`, or iptables.
 #[must_use]
 pub fn mode_under_test() -> ProxyMode {
     match std::env::var("PROXYPLAN_TEST_MODE").as_deref() {
         Ok("ipvs") => ProxyMode::Ipvs,
+        Ok("nftables") => ProxyMode::Nftables,
         _ => ProxyMode::Iptables,
     }
 }
@@ -390,6 +395,15 @@ impl Lab {
     pub fn dataplane(&self) -> Box<dyn Dataplane + Send> {
         match mode_under_test() {
             ProxyMode::Iptables => Box::new(self.dataplane_with(Backend::Nft)),
+            ProxyMode::Nftables => {
+                let node = self.ns("node");
+                Box::new(NftablesDataplane::new(
+                    NftablesSettings::default(),
+                    NetlinkNft::in_netns(&node)
+                        .unwrap_or_else(|e| panic!("netlink in {node}: {e}")),
+                    CommandRunner::in_netns(&node),
+                ))
+            }
             ProxyMode::Ipvs => {
                 let node = self.ns("node");
                 let kernel = NetlinkKernel::in_netns(&node)
@@ -435,6 +449,62 @@ impl Lab {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The node's whole nf_tables ruleset (`nft list ruleset`).
+    #[must_use]
+    pub fn node_nft(&self) -> String {
+        self.exec("node", &["nft", "list", "ruleset"])
+    }
+
+    /// Listens in `role` for the first SCTP packet to `port` (of `family`) and says
+    /// where it came from. The kernel under test may have no SCTP sockets
+    /// (`CONFIG_IP_SCTP`), which a proxy does not need: conntrack and NAT handle SCTP
+    /// without them. So the packets are raw: an SCTP INIT from the client, read by a
+    /// raw socket at the backend, which shows the address it was DNATed to (its
+    /// namespace's) and the source it arrived from.
+    #[must_use]
+    pub fn sctp_listen(&self, role: &str, family: Family, port: u16) -> SctpListener {
+        self.raw_listen(role, family, 132, port)
+    }
+
+    /// Listens in `role` on a raw socket for the first packet of IP protocol `proto`
+    /// (TCP, SCTP: the ports lead its header) to `port` and says where it came from;
+    /// it sees packets the namespace's TCP stack would answer or refuse.
+    #[must_use]
+    pub fn raw_listen(&self, role: &str, family: Family, proto: u8, port: u16) -> SctpListener {
+        let v = match family {
+            Family::V4 => "4",
+            Family::V6 => "6",
+        };
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns(role),
+                "python3",
+                "-c",
+                SCTP_LISTEN,
+            ])
+            .args([port.to_string().as_str(), v, "4", &proto.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the SCTP listener");
+        let lines = read_lines(child.stdout.take().expect("stdout"));
+        let ready = lines.recv_timeout(Duration::from_secs(5));
+        assert_eq!(
+            ready.as_deref(),
+            Ok("ready"),
+            "the SCTP listener did not start"
+        );
+        SctpListener {
+            child,
+            lines,
+            role: role.to_owned(),
+            port,
+        }
     }
 
     /// Starts a backend in `pod` on `port` of `family` and waits until it listens.
@@ -563,6 +633,106 @@ impl Drop for Lab {
     }
 }
 
+/// Reads raw packets of a protocol (SCTP, TCP) until one is for the port, prints its
+/// source and ports.
+const SCTP_LISTEN: &str = r"
+import socket, sys, struct
+port = int(sys.argv[1]); v6 = sys.argv[2] == '6'
+s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_RAW, int(sys.argv[4]))
+s.settimeout(float(sys.argv[3]))
+print('ready', flush=True)
+try:
+    while True:
+        data, addr = s.recvfrom(65535)
+        sctp = data if v6 else data[(data[0] & 15) * 4:]
+        sport, dport = struct.unpack('!HH', sctp[:4])
+        if dport == port:
+            print(addr[0], sport, dport, flush=True)
+            break
+except socket.timeout:
+    print('timeout', flush=True)
+";
+
+/// Sends three SCTP INIT chunks (CRC32c checksummed, as conntrack checks) from a raw
+/// socket.
+const SCTP_SEND: &str = r"
+import socket, sys, struct, time
+dst, port, sport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def crc32c(data):
+    crc = 0xffffffff
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xffffffff
+init = struct.pack('!BBHIIHHI', 1, 0, 20, 0x12345678, 65535, 1, 1, 1)
+hdr = struct.pack('!HHI', sport, port, 0)
+pkt = hdr + struct.pack('<I', crc32c(hdr + bytes(4) + init)) + init
+s = socket.socket(socket.AF_INET6 if ':' in dst else socket.AF_INET, socket.SOCK_RAW, 132)
+for _ in range(3):
+    s.sendto(pkt, (dst, 0))
+    time.sleep(0.2)
+";
+
+/// Sends three TCP segments with the given flags (`0x03`: SYN and FIN, a combination
+/// conntrack finds invalid) from a raw socket, checksummed (the node's conntrack checks
+/// checksums too, and a bad one would be invalid for another reason).
+const TCP_SEND: &str = r"
+import socket, sys, struct, time
+dst, port, sport, flags = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 0)
+v6 = ':' in dst
+fam = socket.AF_INET6 if v6 else socket.AF_INET
+probe = socket.socket(fam, socket.SOCK_DGRAM)
+probe.connect((dst, port))
+src = probe.getsockname()[0]
+seg = struct.pack('!HHIIBBHHH', sport, port, 0x1000, 0, 5 << 4, flags, 65535, 0, 0)
+s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_TCP)
+if v6:
+    s.setsockopt(socket.IPPROTO_IPV6, 7, 16)  # IPV6_CHECKSUM: the kernel fills it in
+else:
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack('!BBH', 0, 6, len(seg))
+    data = pseudo + seg
+    total = sum(struct.unpack('!%dH' % (len(data) // 2), data))
+    while total >> 16:
+        total = (total & 0xffff) + (total >> 16)
+    seg = seg[:16] + struct.pack('!H', ~total & 0xffff) + seg[18:]
+for _ in range(3):
+    s.sendto(seg, (dst, 0))
+    time.sleep(0.2)
+";
+
+/// A raw SCTP listener ([`Lab::sctp_listen`]).
+pub struct SctpListener {
+    child: Child,
+    lines: Receiver<String>,
+    role: String,
+    port: u16,
+}
+
+impl SctpListener {
+    /// What arrived: `Served` with the listener's `<role>/<port>` and the packet's
+    /// source, or `TimedOut`.
+    #[must_use]
+    pub fn outcome(mut self) -> Outcome {
+        let line = self.lines.recv_timeout(Duration::from_secs(6));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        match line {
+            Ok(line) if line != "timeout" => {
+                let source = line.split_whitespace().next().unwrap_or_default();
+                match source.parse() {
+                    Ok(source) => Outcome::Served {
+                        backend: format!("{}/{}", self.role, self.port),
+                        source,
+                    },
+                    Err(_) => Outcome::Failed(line),
+                }
+            }
+            _ => Outcome::TimedOut,
+        }
+    }
+}
+
 /// `[v6]` or `v4`, as socat wants addresses.
 fn bracketed(addr: &str) -> String {
     if addr.contains(':') {
@@ -626,6 +796,50 @@ impl Client<'_> {
             options = format!("{options},sourceport={port}");
         }
         options
+    }
+
+    /// Sends SCTP INIT chunks from source port 40000 to `addr:port` (see
+    /// [`Lab::sctp_listen`] for what receives them).
+    pub fn sctp(&self, addr: &str, port: u16) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.lab.ns(&self.role),
+                "python3",
+                "-c",
+                SCTP_SEND,
+            ])
+            .args([addr, &port.to_string(), "40000"])
+            .output()
+            .expect("run the SCTP sender");
+        assert!(
+            out.status.success(),
+            "SCTP sender: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Sends three raw TCP segments with `flags` from source port 40001 to `addr:port`
+    /// (see [`Lab::raw_listen`] for what receives them).
+    pub fn tcp_segments(&self, addr: &str, port: u16, flags: u8) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.lab.ns(&self.role),
+                "python3",
+                "-c",
+                TCP_SEND,
+            ])
+            .args([addr, &port.to_string(), "40001", &flags.to_string()])
+            .output()
+            .expect("run the TCP sender");
+        assert!(
+            out.status.success(),
+            "TCP sender: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Connects over TCP and reads the backend's answer.

@@ -139,3 +139,13 @@ pub struct Flow {
     /// Source port of the reply.
     pub reply_sport: u16,
 }
+
+/// What a sync's deletion of stale UDP conntrack entries did, for kube-proxy's conntrack
+/// reconciler metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConntrackRun {
+    /// Entries deleted, IPv4 and IPv6.
+    pub deleted: [usize; 2],
+    /// How long it took.
+    pub elapsed: std::time::Duration,
+}

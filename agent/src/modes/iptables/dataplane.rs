@@ -214,15 +214,7 @@ impl<R: Runner> IptablesDataplane<R> {
     pub fn new(mut settings: RenderSettings, runner: R, backend: Backend) -> Self {
         // As kube-proxy: with liberal TCP tracking, out-of-window packets are not
         // invalid, and dropping the rest is left to the node's own firewall.
-        let liberal = runner
-            .read_sysctl(BE_LIBERAL)
-            .ok()
-            .flatten()
-            .is_some_and(|v| v != "0");
-        if liberal && settings.drop_invalid {
-            tracing::info!(
-                "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
-            );
+        if settings.drop_invalid && crate::conntrack::tcp_be_liberal(&runner) {
             settings.drop_invalid = false;
         }
         Self {
@@ -404,8 +396,6 @@ fn family_header(backend: Backend, family: Family) -> String {
     format!("# {} --noflush\n", backend.binary(family, Tool::Restore))
 }
 
-/// With it non-zero, conntrack tracks TCP liberally and the INVALID drop is left out.
-const BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
 /// Lets 127.0.0.0/8 be routed (DNAT of localhost node ports).
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
 

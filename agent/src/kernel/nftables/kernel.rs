@@ -1,0 +1,270 @@
+//! [`NftKernel`]: what the nftables mode asks of nf_tables, one trait with the real
+//! [`NetlinkNft`] here and a fake in [`super::fake`].
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::batch::Transaction;
+use super::error::NftCodecError;
+use super::objects::{
+    Chain, ElementRef, Rule, Set, decode_elements, dump_elements_request, dump_request,
+    get_table_request, split,
+};
+use super::socket::{NftNetlink, Refusal};
+use super::uapi::{NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_SET_EVAL};
+use crate::kernel::error::DataplaneError;
+use crate::kernel::namespace::in_namespace;
+
+/// One object of a table, as [`NftKernel::read_table`] hands them over: the chains,
+/// then the sets, then the rules, then the elements of each set that is not dynamic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableItem<'a> {
+    /// A chain.
+    Chain(Chain),
+    /// A set or map.
+    Set(Set),
+    /// A rule.
+    Rule(Rule),
+    /// An element of `set`.
+    Element {
+        /// The set's name.
+        set: &'a str,
+        /// The element.
+        element: ElementRef<'a>,
+    },
+}
+
+/// What the nftables mode asks of nf_tables.
+pub trait NftKernel {
+    /// The ruleset's generation, which every commit (anyone's) moves on.
+    ///
+    /// # Errors
+    /// When nf_tables cannot be asked (no nf_tables in this kernel, no permission).
+    fn generation(&mut self) -> Result<u32, DataplaneError>;
+
+    /// Reads the table `name` of `family` (`NFPROTO_*`) object by object into `visit`;
+    /// false when there is no such table. Elements of dynamic sets (filled from the
+    /// packet path) are not read.
+    ///
+    /// # Errors
+    /// When it cannot be read; [`io::ErrorKind::Interrupted`] inside
+    /// [`DataplaneError::Io`] when it changed while being read.
+    fn read_table(
+        &mut self,
+        family: u8,
+        name: &str,
+        visit: &mut dyn FnMut(TableItem<'_>),
+    ) -> Result<bool, DataplaneError>;
+
+    /// Whether the table `name` of `family` exists.
+    ///
+    /// # Errors
+    /// When nf_tables cannot be asked.
+    fn table_exists(&mut self, family: u8, name: &str) -> Result<bool, DataplaneError>;
+
+    /// Reads the elements of `set` in `table` (also a dynamic set's) into `visit`.
+    ///
+    /// # Errors
+    /// When they cannot be read (`ENOENT`: no such set).
+    fn read_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        set: &str,
+        visit: &mut dyn FnMut(ElementRef<'_>),
+    ) -> Result<(), DataplaneError>;
+
+    /// Sends a transaction without committing it (the kernel validates it and aborts);
+    /// returns what the kernel refused.
+    ///
+    /// # Errors
+    /// When the kernel could not be asked or did not answer.
+    fn check(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
+
+    /// Sends a transaction; returns what the kernel refused (nothing: it committed, and
+    /// the generation moved on by one).
+    ///
+    /// # Errors
+    /// When the kernel could not be asked or did not answer.
+    fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
+}
+
+/// nf_tables over netlink, in the calling thread's namespace or a named one.
+#[derive(Debug, Default)]
+pub struct NetlinkNft {
+    socket: Option<NftNetlink>,
+    netns: Option<PathBuf>,
+}
+
+fn io_error(what: &str) -> impl FnOnce(io::Error) -> DataplaneError + '_ {
+    move |e| DataplaneError::io(what.to_owned(), e)
+}
+
+fn invalid(e: NftCodecError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl NetlinkNft {
+    /// A handle for the calling thread's namespace; the socket opens on first use.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A handle for the named network namespace (`/run/netns/NAME`), its socket opened
+    /// at once.
+    ///
+    /// # Errors
+    /// When the namespace cannot be entered or the socket cannot be opened there.
+    pub fn in_netns(name: &str) -> Result<Self, DataplaneError> {
+        let path = Path::new("/run/netns").join(name);
+        let socket = in_namespace(&path, NftNetlink::open).map_err(|e| {
+            DataplaneError::io(
+                format!("opening an nf_tables socket in {}", path.display()),
+                e,
+            )
+        })?;
+        Ok(Self {
+            socket: Some(socket),
+            netns: Some(path),
+        })
+    }
+
+    fn socket(&mut self) -> Result<&mut NftNetlink, DataplaneError> {
+        if self.socket.is_none() {
+            let opened = match &self.netns {
+                Some(path) => in_namespace(path, NftNetlink::open),
+                None => NftNetlink::open(),
+            };
+            self.socket = Some(opened.map_err(io_error("opening an nf_tables socket"))?);
+        }
+        self.socket
+            .as_mut()
+            .ok_or_else(|| DataplaneError::io("nf_tables socket", io::Error::other("not open")))
+    }
+
+    fn read(
+        socket: &mut NftNetlink,
+        family: u8,
+        name: &str,
+        visit: &mut dyn FnMut(TableItem<'_>),
+    ) -> io::Result<bool> {
+        match socket.request(get_table_request(family, name), &mut |_| Ok(())) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        // Chain dumps are not filtered by table in every kernel: filter here.
+        socket.dump(dump_request(NFT_MSG_GETCHAIN, family, name), &mut |msg| {
+            let (_, fam, body) = split(msg).map_err(invalid)?;
+            let chain = Chain::decode(fam, body).map_err(invalid)?;
+            if chain.table == name {
+                visit(TableItem::Chain(chain));
+            }
+            Ok(())
+        })?;
+        let mut sets = Vec::new();
+        socket.dump(dump_request(NFT_MSG_GETSET, family, name), &mut |msg| {
+            let (_, fam, body) = split(msg).map_err(invalid)?;
+            let set = Set::decode(fam, body).map_err(invalid)?;
+            if set.table == name {
+                if set.flags & NFT_SET_EVAL == 0 {
+                    sets.push(set.name.clone());
+                }
+                visit(TableItem::Set(set));
+            }
+            Ok(())
+        })?;
+        socket.dump(dump_request(NFT_MSG_GETRULE, family, name), &mut |msg| {
+            let (_, fam, body) = split(msg).map_err(invalid)?;
+            let rule = Rule::decode(fam, body).map_err(invalid)?;
+            if rule.table == name {
+                visit(TableItem::Rule(rule));
+            }
+            Ok(())
+        })?;
+        for set in &sets {
+            socket.dump(dump_elements_request(family, name, set), &mut |msg| {
+                let (_, _, body) = split(msg).map_err(invalid)?;
+                decode_elements(body, &mut |element| {
+                    visit(TableItem::Element { set, element });
+                })
+                .map_err(invalid)?;
+                Ok(())
+            })?;
+        }
+        Ok(true)
+    }
+}
+
+impl NftKernel for NetlinkNft {
+    fn generation(&mut self) -> Result<u32, DataplaneError> {
+        self.socket()?
+            .generation()
+            .map_err(io_error("reading the nf_tables generation"))
+    }
+
+    fn read_table(
+        &mut self,
+        family: u8,
+        name: &str,
+        visit: &mut dyn FnMut(TableItem<'_>),
+    ) -> Result<bool, DataplaneError> {
+        let socket = self.socket()?;
+        let result = Self::read(socket, family, name, visit);
+        if result.is_err() {
+            // A socket left mid-dump is not reused.
+            self.socket = None;
+        }
+        result.map_err(|e| DataplaneError::io(format!("reading nf_tables table {name}"), e))
+    }
+
+    fn table_exists(&mut self, family: u8, name: &str) -> Result<bool, DataplaneError> {
+        let socket = self.socket()?;
+        match socket.request(get_table_request(family, name), &mut |_| Ok(())) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(DataplaneError::io(
+                format!("looking for nf_tables table {name}"),
+                e,
+            )),
+        }
+    }
+
+    fn read_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        set: &str,
+        visit: &mut dyn FnMut(ElementRef<'_>),
+    ) -> Result<(), DataplaneError> {
+        let socket = self.socket()?;
+        let result = socket.dump(dump_elements_request(family, table, set), &mut |msg| {
+            let (_, _, body) = split(msg).map_err(invalid)?;
+            decode_elements(body, &mut |element| visit(element)).map_err(invalid)?;
+            Ok(())
+        });
+        if result.is_err() {
+            self.socket = None;
+        }
+        result.map_err(|e| DataplaneError::io(format!("reading the elements of {set}"), e))
+    }
+
+    fn check(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError> {
+        let socket = self.socket()?;
+        let result = socket.check(transaction);
+        if result.is_err() {
+            self.socket = None;
+        }
+        result.map_err(io_error("checking an nf_tables transaction"))
+    }
+
+    fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError> {
+        let socket = self.socket()?;
+        let result = socket.commit(transaction);
+        if result.is_err() {
+            self.socket = None;
+        }
+        result.map_err(io_error("sending an nf_tables transaction"))
+    }
+}

@@ -1,0 +1,624 @@
+//! nftables mode's [`Dataplane`]: the plan rendered per family, compared with what the
+//! kernel holds, and only the difference sent, one nf_tables transaction per sync.
+//!
+//! The kernel is read (one table per family, [`HeldTable`]) on the first sync, after a
+//! failure, and when the tamper check ([`Dataplane::rules_intact`]) finds the table not
+//! as the agent left it. Every other sync compares the new plan with the last one entry
+//! by entry ([`diff::update`]): one endpoint change is a handful of map elements in one
+//! small transaction. The tamper check costs one request while nobody else commits to
+//! nf_tables (the ruleset's generation is where the agent's last commit left it); when
+//! the generation moved, the table is read and compared.
+
+use std::sync::Arc;
+
+use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
+
+use super::desired::{FamilyState, key_hash};
+use super::diff::{self, Change, Stale};
+use super::layout::{FamilyContext, LocalTraffic};
+use super::model::HeldTable;
+use super::names;
+use super::render::{Renderer, affinity_maps};
+use super::rules::Net;
+use super::settings::NftablesSettings;
+use super::sink::{REPORT_TEXT_LIMIT, Sink, SinkError, nfproto};
+use crate::conntrack::{EntryChange, UdpTracker};
+use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
+use crate::kernel::Family;
+use crate::kernel::command::Runner;
+use crate::kernel::nftables::{ElementData, NftKernel};
+use crate::ruleset::local::LocalMatch;
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+fn index(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
+    }
+}
+
+/// nftables mode's [`Dataplane`] over an [`NftKernel`] (nf_tables) and a [`Runner`]
+/// (conntrack).
+#[derive(Debug)]
+pub struct NftablesDataplane<K, R> {
+    settings: NftablesSettings,
+    kernel: K,
+    runner: R,
+    /// What each family's table holds after the last successful sync (`None`: unknown,
+    /// read it).
+    families: [Option<FamilyState>; 2],
+    /// The plan of the last successful sync.
+    plan: Option<Arc<MergedPlan>>,
+    /// The generation the agent's last commit left the ruleset at.
+    generation: Option<u32>,
+    /// Chains and sets waiting to be deleted (a kernel before 6.2 may still count a
+    /// reference for a moment after the elements naming them were deleted).
+    stale: [Stale; 2],
+    udp: UdpTracker,
+    /// Messages and transactions the last sync sent.
+    sent: (usize, usize),
+}
+
+/// The context of `family` for `plan`.
+#[must_use]
+pub fn family_context(
+    plan: &MergedPlan,
+    settings: &NftablesSettings,
+    family: Family,
+) -> FamilyContext {
+    let v6 = family == Family::V6;
+    let of_family = |net: &Net| net.addr.is_ipv6() == v6;
+    FamilyContext {
+        family,
+        mark: settings.mark(),
+        local: LocalMatch::of(&plan.local_traffic, ip_family(family)).and_then(|m| match m {
+            LocalMatch::Source(cidr) => Net::parse(&cidr).map(LocalTraffic::Prefix),
+            LocalMatch::Interface(name) => Some(match name.strip_suffix('+') {
+                Some(prefix) => LocalTraffic::Interface {
+                    name: prefix.to_owned(),
+                    prefix: true,
+                },
+                None => LocalTraffic::Interface {
+                    name,
+                    prefix: false,
+                },
+            }),
+        }),
+        nodeport_nets: if settings.nodeport_primary {
+            proxyplan_crds::primary_addresses(&plan.addresses)
+                .into_iter()
+                .map(Net::host)
+                .filter(of_family)
+                .collect()
+        } else {
+            settings
+                .nodeport_cidrs
+                .iter()
+                .copied()
+                .filter(of_family)
+                .collect()
+        },
+        service_cidrs: plan
+            .service_cidrs
+            .iter()
+            .filter_map(|c| Net::parse(c))
+            .filter(of_family)
+            .collect(),
+        node_addresses: plan
+            .addresses
+            .iter()
+            .copied()
+            .filter(|a| a.is_ipv6() == v6)
+            .collect(),
+        drop_invalid: settings.drop_invalid,
+    }
+}
+
+/// The entries of `plan` of `family`, in plan order.
+fn entries_of(plan: &MergedPlan, family: Family) -> Vec<&ServicePortPlan> {
+    let want = ip_family(family);
+    plan.service_ports
+        .iter()
+        .filter(|e| e.family == want)
+        .map(AsRef::as_ref)
+        .collect()
+}
+
+/// Whether entries are in strictly increasing key order (as `merge` returns them).
+fn sorted(plan: &MergedPlan) -> bool {
+    plan.service_ports.windows(2).all(|w| match w {
+        [a, b] => a.key < b.key,
+        _ => true,
+    })
+}
+
+/// The entries that changed from `old` to `new` (both sorted by key), of any family.
+fn changes<'p>(old: &'p MergedPlan, new: &'p MergedPlan) -> Vec<Change<'p>> {
+    let mut out = Vec::new();
+    let mut a = old.service_ports.iter().peekable();
+    let mut b = new.service_ports.iter().peekable();
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(o), Some(n)) if Arc::ptr_eq(o, n) => std::cmp::Ordering::Equal,
+            (Some(o), Some(n)) => o.key.cmp(&n.key),
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                if let Some(o) = a.next() {
+                    out.push(Change {
+                        old: Some(o),
+                        new: None,
+                    });
+                }
+            }
+            std::cmp::Ordering::Greater => {
+                if let Some(n) = b.next() {
+                    out.push(Change {
+                        old: None,
+                        new: Some(n),
+                    });
+                }
+            }
+            std::cmp::Ordering::Equal => {
+                if let (Some(o), Some(n)) = (a.next(), b.next())
+                    && !Arc::ptr_eq(o, n)
+                    && o != n
+                {
+                    if o.family == n.family {
+                        out.push(Change {
+                            old: Some(o),
+                            new: Some(n),
+                        });
+                    } else {
+                        out.push(Change {
+                            old: Some(o),
+                            new: None,
+                        });
+                        out.push(Change {
+                            old: None,
+                            new: Some(n),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
+    /// A dataplane over `kernel` and `runner`.
+    #[must_use]
+    pub fn new(mut settings: NftablesSettings, kernel: K, runner: R) -> Self {
+        if settings.drop_invalid && crate::conntrack::tcp_be_liberal(&runner) {
+            settings.drop_invalid = false;
+        }
+        Self {
+            settings,
+            kernel,
+            runner,
+            families: [None, None],
+            plan: None,
+            generation: None,
+            stale: [Stale::default(), Stale::default()],
+            udp: UdpTracker::default(),
+            sent: (0, 0),
+        }
+    }
+
+    /// The kernel handle (for tests to inspect a fake).
+    #[must_use]
+    pub fn kernel(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
+    /// Netlink messages and transactions the last sync or cleanup sent.
+    #[must_use]
+    pub fn sent(&self) -> (usize, usize) {
+        self.sent
+    }
+
+    /// Forgets the model: the next sync reads the kernel again.
+    pub fn invalidate(&mut self) {
+        self.families = [None, None];
+        self.plan = None;
+        self.generation = None;
+    }
+
+    /// One family: incrementally when the model allows, from a read otherwise.
+    fn sync_family(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        family: Family,
+        dry_run: bool,
+        report: &mut SyncReport,
+    ) -> Result<(), SinkError> {
+        let i = index(family);
+        let ctx = family_context(plan, &self.settings, family);
+        let entries = entries_of(plan, family);
+        let kernel: Option<&mut dyn NftKernel> = if dry_run {
+            None
+        } else {
+            Some(&mut self.kernel)
+        };
+        let limit = if dry_run {
+            usize::MAX
+        } else {
+            REPORT_TEXT_LIMIT
+        };
+        let incremental = match (&self.families[i], &self.plan) {
+            (Some(state), Some(_)) => state.ctx == ctx && state.entries > 0 && !entries.is_empty(),
+            _ => false,
+        };
+        let mut stale = std::mem::take(&mut self.stale[i]);
+        let result = if incremental {
+            let Some(old) = self.plan.clone() else {
+                return Ok(());
+            };
+            let changes: Vec<Change<'_>> = changes(&old, plan)
+                .into_iter()
+                .filter(|c| {
+                    c.old
+                        .or(c.new)
+                        .is_some_and(|e| e.family == ip_family(family))
+                })
+                .collect();
+            if changes.is_empty() && stale.is_empty() {
+                return Ok(());
+            }
+            let Some(mut state) = self.families[i].clone() else {
+                return Ok(());
+            };
+            let renderer_ctx = ctx.clone();
+            let unchanged = |hash: u64| {
+                entries
+                    .iter()
+                    .find(|e| key_hash(&e.key) == hash)
+                    .map(|e| Renderer { ctx: &renderer_ctx }.entry(e))
+            };
+            let mut sink = Sink::new(kernel, family, limit).map_err(SinkError::Kernel)?;
+            let mut gone = Stale::default();
+            if !changes.is_empty() {
+                gone = diff::update(&mut state, &changes, &unchanged, &mut sink)?;
+            }
+            let dirty = affinity_cleanups(&changes);
+            let done = finish(sink, stale_union(&mut stale, gone), report)?;
+            self.record(family, done, state, &dirty, report)
+        } else {
+            let mut held = match &self.families[i] {
+                // The table is known to be absent.
+                Some(state) if state.entries == 0 && self.generation.is_some() => {
+                    HeldTable::default()
+                }
+                _ => {
+                    let (held, generation) =
+                        HeldTable::read(&mut self.kernel, family).map_err(SinkError::Kernel)?;
+                    if !dry_run {
+                        self.generation = Some(generation);
+                    }
+                    held
+                }
+            };
+            let kernel: Option<&mut dyn NftKernel> = if dry_run {
+                None
+            } else {
+                Some(&mut self.kernel)
+            };
+            let affinity_held: Vec<String> = held
+                .sets
+                .keys()
+                .filter(|n| n.contains("affinity-"))
+                .cloned()
+                .collect();
+            let mut sink = Sink::new(kernel, family, limit).map_err(SinkError::Kernel)?;
+            let (state, gone) = diff::full(&entries, ctx, &mut held, &mut sink)?;
+            drop(held);
+            let dirty: Vec<(String, Vec<Vec<u8>>)> = entries
+                .iter()
+                .flat_map(|e| affinity_maps(e))
+                .filter(|(name, _)| affinity_held.contains(name))
+                .collect();
+            stale = Stale::default();
+            let done = finish(sink, gone, report)?;
+            self.record(family, done, state, &dirty, report)
+        };
+        if result.is_err() {
+            self.stale[i] = stale;
+        }
+        result
+    }
+
+    /// Keeps what a family's sync left, and cleans the affinity maps it names.
+    fn record(
+        &mut self,
+        family: Family,
+        done: Finished,
+        state: FamilyState,
+        affinity: &[(String, Vec<Vec<u8>>)],
+        report: &mut SyncReport,
+    ) -> Result<(), SinkError> {
+        let i = index(family);
+        self.sent.0 += done.messages;
+        self.sent.1 += done.transactions;
+        if done.dry {
+            return Ok(());
+        }
+        self.generation = done.generation;
+        self.stale[i] = done.kept;
+        self.families[i] = Some(state);
+        if !affinity.is_empty() {
+            self.clean_affinity(family, affinity, report)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the elements of dynamic affinity maps that remember an endpoint no
+    /// longer in their list.
+    fn clean_affinity(
+        &mut self,
+        family: Family,
+        maps: &[(String, Vec<Vec<u8>>)],
+        report: &mut SyncReport,
+    ) -> Result<(), SinkError> {
+        let mut doomed: Vec<(String, Vec<u8>)> = Vec::new();
+        for (map, valid) in maps {
+            let read =
+                self.kernel
+                    .read_elements(nfproto(family), names::TABLE, map, &mut |element| {
+                        let keep = match element.data {
+                            ElementData::Value(v) => valid.iter().any(|d| d.as_slice() == v),
+                            _ => true,
+                        };
+                        if !keep {
+                            doomed.push((map.clone(), element.key.to_vec()));
+                        }
+                    });
+            if let Err(e) = read {
+                // A map that is not there yet holds nothing to clean.
+                tracing::debug!(%e, map, "affinity map not read");
+            }
+        }
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let mut sink = Sink::new(Some(&mut self.kernel), family, REPORT_TEXT_LIMIT)
+            .map_err(SinkError::Kernel)?;
+        for (map, key) in &doomed {
+            sink.delete_element(map, key);
+        }
+        match sink.commit() {
+            // An element may expire between the read and the delete.
+            Ok(()) | Err(SinkError::Refused(_)) => {}
+            Err(e) => return Err(e),
+        }
+        report.changed += sink.changed;
+        report.payload.push_str(&sink.text());
+        self.generation = sink.generation();
+        Ok(())
+    }
+
+    fn sync_state(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let mut report = SyncReport::default();
+        self.sent = (0, 0);
+        let previous = self.plan.clone();
+        let start = std::time::Instant::now();
+        for family in FAMILIES {
+            if let Err(e) = self.sync_family(plan, family, dry_run, &mut report) {
+                return Err(match e {
+                    SinkError::Kernel(e) => e,
+                    refused @ SinkError::Refused(_) => {
+                        self.invalidate();
+                        refused.into_dataplane()
+                    }
+                });
+            }
+        }
+        report.phases.push(("nftables", start.elapsed()));
+        report.rules = self
+            .families
+            .iter()
+            .flatten()
+            .map(FamilyState::objects)
+            .sum();
+        let start = std::time::Instant::now();
+        let changed: Option<Vec<EntryChange<'_>>> = match (&previous, sorted(plan)) {
+            (Some(old), true) => Some(
+                changes(old, plan)
+                    .into_iter()
+                    .map(|c| {
+                        let key = c.old.or(c.new).map(|e| e.key.as_str()).unwrap_or_default();
+                        EntryChange {
+                            key: std::borrow::Cow::Borrowed(key),
+                            entries: c.new.into_iter().collect(),
+                        }
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let payload = &mut report.payload;
+        report.conntrack_deleted = self.udp.clear(
+            &self.runner,
+            plan,
+            changed.as_deref(),
+            dry_run,
+            &mut |line| payload.push_str(line),
+        )?;
+        report.phases.push(("conntrack", start.elapsed()));
+        report.conntrack = (!dry_run).then(|| self.udp.last_run());
+        if !dry_run {
+            self.plan = sorted(plan).then(|| Arc::clone(plan));
+        }
+        Ok(report)
+    }
+
+    /// Whether one family's table is as the last sync left it.
+    fn family_intact(&mut self, family: Family) -> Result<bool, DataplaneError> {
+        let i = index(family);
+        let Some(plan) = self.plan.clone() else {
+            return Ok(true);
+        };
+        let (mut held, _) = HeldTable::read(&mut self.kernel, family)?;
+        let ctx = family_context(&plan, &self.settings, family);
+        let entries = entries_of(&plan, family);
+        let mut sink = Sink::new(None, family, 0)?;
+        let (_, gone) =
+            diff::full(&entries, ctx, &mut held, &mut sink).map_err(SinkError::into_dataplane)?;
+        let pending = &self.stale[i];
+        let intact = sink.changed == 0
+            && gone.chains.iter().all(|c| pending.chains.contains(c))
+            && gone.sets.iter().all(|s| pending.sets.contains(s));
+        Ok(intact)
+    }
+}
+
+/// What a family's sink did.
+struct Finished {
+    dry: bool,
+    generation: Option<u32>,
+    kept: Stale,
+    messages: usize,
+    transactions: usize,
+}
+
+/// After a family's main transaction: the deferred deletions in a transaction of their
+/// own (kept for the next sync when refused), and the report.
+fn finish(
+    mut sink: Sink<'_>,
+    stale: Stale,
+    report: &mut SyncReport,
+) -> Result<Finished, SinkError> {
+    let dry = sink.generation().is_none();
+    let mut kept = Stale::default();
+    if !stale.is_empty() {
+        stale.write(&mut sink);
+        match sink.commit() {
+            Ok(()) => {}
+            Err(SinkError::Refused(why)) => {
+                tracing::debug!(%why, "deleting unused chains and sets later");
+                kept = stale;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    report.changed += sink.changed;
+    report.payload.push_str(&sink.text());
+    Ok(Finished {
+        dry,
+        generation: sink.generation(),
+        kept,
+        messages: sink.messages,
+        transactions: sink.transactions,
+    })
+}
+
+fn stale_union(a: &mut Stale, b: Stale) -> Stale {
+    let mut out = std::mem::take(a);
+    out.chains.extend(b.chains);
+    out.sets.extend(b.sets);
+    out
+}
+
+/// The affinity maps of changed entries whose lists lost an endpoint.
+fn affinity_cleanups(changes: &[Change<'_>]) -> Vec<(String, Vec<Vec<u8>>)> {
+    let mut out = Vec::new();
+    for change in changes {
+        let (Some(old), Some(new)) = (change.old, change.new) else {
+            continue;
+        };
+        let before = affinity_maps(old);
+        for (map, valid) in affinity_maps(new) {
+            let lost = before
+                .iter()
+                .find(|(m, _)| *m == map)
+                .is_some_and(|(_, was)| was.iter().any(|d| !valid.contains(d)));
+            if lost {
+                out.push((map, valid));
+            }
+        }
+    }
+    out
+}
+
+impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
+    fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        self.sync_shared(&Arc::new(plan.clone()), dry_run)
+    }
+
+    fn sync_shared(
+        &mut self,
+        plan: &Arc<MergedPlan>,
+        dry_run: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        match self.sync_state(plan, dry_run) {
+            Ok(report) => Ok(report),
+            Err(first)
+                if !dry_run && self.plan.is_none() && self.families.iter().all(Option::is_none) =>
+            {
+                // The model was wrong (someone changed the table): read it and try once
+                // more at once.
+                tracing::warn!(error = %first, "nf_tables refused the changes; reading the table again");
+                self.sync_state(plan, dry_run)
+                    .inspect_err(|_| self.invalidate())
+            }
+            Err(e) => {
+                self.invalidate();
+                Err(e)
+            }
+        }
+    }
+
+    fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
+        let Some(known) = self.generation else {
+            return Ok(true);
+        };
+        if self.kernel.generation()? == known {
+            return Ok(true);
+        }
+        for family in FAMILIES {
+            if !self.family_intact(family)? {
+                self.families[index(family)] = None;
+                return Ok(false);
+            }
+        }
+        // Someone else committed, not to this table.
+        self.generation = Some(self.kernel.generation()?);
+        Ok(true)
+    }
+
+    fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
+        let mut report = SyncReport::default();
+        self.sent = (0, 0);
+        for family in FAMILIES {
+            if !self.kernel.table_exists(nfproto(family), names::TABLE)? {
+                continue;
+            }
+            let mut sink = Sink::new(Some(&mut self.kernel), family, REPORT_TEXT_LIMIT)?;
+            sink.delete_table();
+            sink.commit().map_err(SinkError::into_dataplane)?;
+            report.changed += sink.changed;
+            report.payload.push_str(&sink.text());
+            self.sent.0 += sink.messages;
+            self.sent.1 += sink.transactions;
+        }
+        self.invalidate();
+        self.stale = [Stale::default(), Stale::default()];
+        self.udp.reset();
+        Ok(report)
+    }
+}

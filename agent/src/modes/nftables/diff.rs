@@ -1,0 +1,701 @@
+//! A family's changes, written to a [`Sink`]: from scratch against what the kernel holds
+//! ([`full`]), or entry by entry against what the last sync left ([`update`]).
+//!
+//! Within a transaction objects come before what refers to them: the table, sets,
+//! chains, rules, then element deletions (and the deletion half of replacements), then
+//! additions. A chain or set nothing wants any more is flushed in the last transaction
+//! and deleted in one of its own after it ([`Stale`]), once no element refers to it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+
+use proxyplan_crds::ServicePortPlan;
+
+use super::desired::{FamilyState, decrement, increment, key_hash};
+use super::layout::{self, ChainDef, FamilyContext, SetDef, SetKind};
+use super::model::{HeldTable, Presence, rule_hash};
+use super::names::{self, SharedChain};
+use super::render::{Dest, DestValue, Element, EntryObjects, Renderer, hairpin_key};
+use super::rules::{addr_bytes, addr_port_bytes};
+use super::sink::{Sink, SinkError};
+use crate::kernel::Family;
+use crate::kernel::nftables::Data;
+use crate::kernel::nftables::objects::comment_userdata;
+
+/// Chains and sets to delete once nothing refers to them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stale {
+    /// Chains.
+    pub chains: BTreeSet<String>,
+    /// Sets.
+    pub sets: BTreeSet<String>,
+}
+
+impl Stale {
+    /// Whether there is nothing to delete.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && self.sets.is_empty()
+    }
+
+    /// Writes the deletions (chains first: their rules refer to the sets).
+    pub fn write(&self, sink: &mut Sink<'_>) {
+        for chain in &self.chains {
+            sink.delete_chain(chain);
+        }
+        for set in &self.sets {
+            sink.delete_set(set);
+        }
+    }
+}
+
+/// The hash of a rule as it will be held, to compare with [`HeldTable`]'s.
+fn wanted_rule_hash(family: Family, rule: &super::rules::Rule) -> u64 {
+    let userdata = rule.comment.as_deref().map(comment_userdata);
+    rule_hash(&rule.expressions(family), userdata.as_deref())
+}
+
+/// Whether what the kernel holds can be brought to what is wanted object by object:
+/// every wanted set it holds has the wanted definition, every wanted chain it holds is
+/// hooked as wanted, and every element had the length of its set.
+fn compatible(
+    family: Family,
+    held: &HeldTable,
+    sets: &HashMap<String, SetKind>,
+    chains: &[ChainDef],
+) -> bool {
+    let bad_set = held.sets.iter().find(|(name, set)| {
+        set.records.odd
+            || sets.get(*name).is_some_and(|kind| {
+                !SetDef::new((*name).clone(), *kind)
+                    .kernel(family)
+                    .same_definition(&set.set)
+            })
+    });
+    if let Some((name, set)) = bad_set {
+        tracing::info!(set = %name, held = ?set.set, "a set of the table is not as this agent makes it");
+        return false;
+    }
+    let bad_chain = chains
+        .iter()
+        .find(|c| held.chains.get(&c.name).is_some_and(|h| h.hook != c.hook));
+    if let Some(chain) = bad_chain {
+        tracing::info!(chain = %chain.name, "a chain of the table is not hooked as this agent hooks it");
+        return false;
+    }
+    true
+}
+
+/// Writes objects and elements against a [`HeldTable`]: what it holds already is left
+/// alone and marked seen.
+struct Against<'a, 'k> {
+    family: Family,
+    held: &'a mut HeldTable,
+    sink: &'a mut Sink<'k>,
+    kept_chains: HashSet<String>,
+    kept_sets: HashSet<String>,
+}
+
+impl Against<'_, '_> {
+    fn set(&mut self, set: &SetDef) {
+        if self.kept_sets.contains(&set.name) {
+            return;
+        }
+        if !self.held.sets.contains_key(&set.name) {
+            self.sink.add_set(set);
+        }
+        self.kept_sets.insert(set.name.clone());
+    }
+
+    /// Creates `chain`, empty, when the kernel does not hold it (its rules come with
+    /// [`Against::rules`], once every chain they may name exists).
+    fn declare(&mut self, chain: &ChainDef) {
+        if self.kept_chains.contains(&chain.name) || self.held.chains.contains_key(&chain.name) {
+            return;
+        }
+        self.sink.add_chain(&ChainDef {
+            rules: Vec::new(),
+            ..chain.clone()
+        });
+        self.held.chains.insert(
+            chain.name.clone(),
+            super::model::HeldChain {
+                hook: chain.hook.clone(),
+                rules: Vec::new(),
+            },
+        );
+    }
+
+    /// Brings a declared chain's rules to `chain`'s.
+    fn rules(&mut self, chain: &ChainDef) {
+        if !self.kept_chains.insert(chain.name.clone()) {
+            return;
+        }
+        let family = self.family;
+        let held = self
+            .held
+            .chains
+            .get(&chain.name)
+            .map(|h| h.rules.as_slice())
+            .unwrap_or_default();
+        let same = held.len() == chain.rules.len()
+            && held
+                .iter()
+                .zip(&chain.rules)
+                .all(|(h, r)| *h == wanted_rule_hash(family, r));
+        if same {
+            return;
+        }
+        if !held.is_empty() {
+            self.sink.flush_chain(&chain.name);
+        }
+        for rule in &chain.rules {
+            self.sink.add_rule(&chain.name, rule);
+        }
+    }
+
+    fn element(&mut self, set: &str, key: &[u8], data: Option<&Data>) {
+        let presence = match self.held.sets.get_mut(set) {
+            Some(held) => held.records.check(key, data),
+            None => Presence::Absent,
+        };
+        match presence {
+            Presence::Same => {}
+            Presence::Absent => self.sink.add_element(set, key, data),
+            Presence::Different => {
+                self.sink.delete_element(set, key);
+                self.sink.add_element(set, key, data);
+            }
+        }
+    }
+
+    fn dest(&mut self, dest: &Dest, value: &DestValue) {
+        self.element(
+            dest.map.name(),
+            &dest.key(),
+            Some(&Data::Verdict(value.verdict.clone())),
+        );
+        if value.shared.is_some() {
+            for (slot, (ip, port)) in (0u32..).zip(&value.backends) {
+                let (map, key) = dest.backend_key(slot);
+                self.element(&map, &key, Some(&Data::Value(addr_port_bytes(*ip, *port))));
+            }
+        }
+    }
+
+    /// Deletes what is held and not wanted: elements now, chains flushed now and, with
+    /// the sets, returned to delete once this is committed.
+    fn stale(&mut self) -> Stale {
+        let mut stale = Stale::default();
+        let mut names: Vec<&String> = self.held.sets.keys().collect();
+        names.sort();
+        for name in names {
+            let Some(held) = self.held.sets.get(name) else {
+                continue;
+            };
+            if !self.kept_sets.contains(name) {
+                stale.sets.insert(name.clone());
+                continue;
+            }
+            let keys: Vec<Vec<u8>> = held.records.unseen().map(<[u8]>::to_vec).collect();
+            for key in keys {
+                self.sink.delete_element(name, &key);
+            }
+        }
+        let mut chains: Vec<&String> = self.held.chains.keys().collect();
+        chains.sort();
+        for name in chains {
+            if !self.kept_chains.contains(name) {
+                self.sink.flush_chain(name);
+                stale.chains.insert(name.clone());
+            }
+        }
+        stale
+    }
+}
+
+/// Brings the table of `ctx.family` from what `held` holds to what `entries` want,
+/// writing to `sink`; sends the transactions (the last after the stale elements) and
+/// returns the state and what to delete in a transaction of its own.
+///
+/// # Errors
+/// When a transaction cannot be sent or is refused.
+pub fn full(
+    entries: &[&ServicePortPlan],
+    ctx: FamilyContext,
+    held: &mut HeldTable,
+    sink: &mut Sink<'_>,
+) -> Result<(FamilyState, Stale), SinkError> {
+    let family = ctx.family;
+    let mut state = FamilyState::new(ctx.clone());
+    if entries.is_empty() {
+        if held.exists {
+            sink.delete_table();
+            sink.commit()?;
+        }
+        return Ok((state, Stale::default()));
+    }
+    let renderer = Renderer { ctx: &ctx };
+    // Who owns each destination, and which shared chains the owners go to.
+    let mut owner_shared: HashMap<Dest, Option<SharedChain>> = HashMap::new();
+    let mut own_sets: HashMap<String, SetKind> = layout::fixed_sets()
+        .into_iter()
+        .map(|s| (s.name, s.kind))
+        .collect();
+    for entry in entries {
+        let hash = key_hash(&entry.key);
+        let objects = renderer.entry(entry);
+        for (dest, value) in objects.dests {
+            state.claim(dest, hash);
+            if state.owner(&dest) == Some(hash) {
+                owner_shared.insert(dest, value.shared);
+            }
+        }
+        for (set, _) in objects.sets {
+            own_sets.insert(set.name, set.kind);
+        }
+    }
+    for shared in owner_shared.values().flatten() {
+        state.use_shared(*shared);
+    }
+    drop(owner_shared);
+    let fixed_chains = layout::fixed_chains(&ctx);
+    if held.exists && !compatible(family, held, &own_sets, &fixed_chains) {
+        tracing::warn!(
+            table = names::TABLE,
+            ?family,
+            "the table holds sets or chains of another shape than this agent makes \
+             (another version?); replacing the whole table in one transaction"
+        );
+        sink.delete_table();
+        *held = HeldTable::default();
+    }
+    drop(own_sets);
+    if !held.exists {
+        sink.add_table();
+    }
+    let mut to = Against {
+        family,
+        held,
+        sink,
+        kept_chains: HashSet::new(),
+        kept_sets: HashSet::new(),
+    };
+    for set in layout::fixed_sets() {
+        to.set(&set);
+    }
+    // Chains first, rules after: a rule may jump to a chain created after its own.
+    let shared: Vec<ChainDef> = {
+        let mut keys: Vec<SharedChain> = state.shared.keys().copied().collect();
+        keys.sort();
+        keys.into_iter()
+            .map(|c| layout::shared_chain(c, &ctx))
+            .collect()
+    };
+    for chain in fixed_chains.iter().chain(&shared) {
+        to.declare(chain);
+    }
+    for chain in shared.iter().chain(&fixed_chains) {
+        to.rules(chain);
+    }
+    for entry in entries {
+        let hash = key_hash(&entry.key);
+        let objects = renderer.entry(entry);
+        for (set, _) in &objects.sets {
+            to.set(set);
+        }
+        for chain in &objects.chains {
+            to.declare(chain);
+        }
+        for chain in &objects.chains {
+            to.rules(chain);
+        }
+        for (set, elements) in &objects.sets {
+            if !set.dynamic() {
+                for (key, data) in elements {
+                    to.element(&set.name, key, data.as_ref());
+                }
+            }
+        }
+        for (dest, value) in &objects.dests {
+            if state.owner(dest) == Some(hash) {
+                to.dest(dest, value);
+            }
+        }
+        for hairpin in &objects.hairpin {
+            if increment(&mut state.hairpin, *hairpin) {
+                let (ip, proto, port) = *hairpin;
+                to.element(names::HAIRPIN, &hairpin_key(ip, proto, port), None);
+            }
+        }
+        if let Some(ip) = objects.cluster_ip
+            && increment(&mut state.cluster_ips, ip)
+        {
+            to.element(names::CLUSTER_IPS, &addr_bytes(ip), None);
+        }
+        state.entries += 1;
+        to.sink.boundary()?;
+    }
+    let stale = to.stale();
+    to.sink.commit()?;
+    Ok((state, stale))
+}
+
+/// One entry that changed, came or went.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<'p> {
+    /// Before (none: it came).
+    pub old: Option<&'p ServicePortPlan>,
+    /// After (none: it went).
+    pub new: Option<&'p ServicePortPlan>,
+}
+
+/// An element change: what the kernel held before this sync and what it should hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ElementChange {
+    /// Held before (`None`: absent; `Some(data)`: present with data).
+    original: Option<Option<Data>>,
+    /// Wanted now.
+    wanted: Option<Option<Data>>,
+}
+
+/// Element changes, one per key.
+#[derive(Debug, Default)]
+struct ElementChanges(BTreeMap<(String, Vec<u8>), ElementChange>);
+
+impl ElementChanges {
+    fn change(
+        &mut self,
+        set: &str,
+        key: Vec<u8>,
+        old: Option<Option<&Data>>,
+        new: Option<Option<&Data>>,
+    ) {
+        let slot = self
+            .0
+            .entry((set.to_owned(), key))
+            .or_insert_with(|| ElementChange {
+                original: old.map(|d| d.cloned()),
+                wanted: None,
+            });
+        slot.wanted = new.map(|d| d.cloned());
+    }
+
+    fn write(self, sink: &mut Sink<'_>) {
+        let changes: Vec<((String, Vec<u8>), ElementChange)> = self
+            .0
+            .into_iter()
+            .filter(|(_, c)| c.original != c.wanted)
+            .collect();
+        for ((set, key), c) in &changes {
+            if c.original.is_some() {
+                sink.delete_element(set, key);
+            }
+        }
+        for ((set, key), c) in &changes {
+            if let Some(data) = &c.wanted {
+                sink.add_element(set, key, data.as_ref());
+            }
+        }
+    }
+}
+
+fn diff_dest(
+    dest: &Dest,
+    old: Option<&DestValue>,
+    new: Option<&DestValue>,
+    out: &mut ElementChanges,
+) {
+    let verdict = |v: Option<&DestValue>| v.map(|v| Data::Verdict(v.verdict.clone()));
+    let (ov, nv) = (verdict(old), verdict(new));
+    out.change(
+        dest.map.name(),
+        dest.key(),
+        ov.as_ref().map(Some),
+        nv.as_ref().map(Some),
+    );
+    let backends = |v: Option<&DestValue>| -> Vec<(IpAddr, u16)> {
+        v.filter(|v| v.shared.is_some())
+            .map(|v| v.backends.clone())
+            .unwrap_or_default()
+    };
+    let (ob, nb) = (backends(old), backends(new));
+    for slot in 0..ob.len().max(nb.len()) {
+        let data = |list: &[(IpAddr, u16)]| {
+            list.get(slot)
+                .map(|(ip, port)| Data::Value(addr_port_bytes(*ip, *port)))
+        };
+        let (od, nd) = (data(&ob), data(&nb));
+        if od == nd {
+            continue;
+        }
+        let (map, key) = dest.backend_key(slot as u32);
+        out.change(&map, key, od.as_ref().map(Some), nd.as_ref().map(Some));
+    }
+}
+
+/// Which version of an entry a value is rendered from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum When {
+    Before,
+    After,
+}
+
+/// Moves the table of `state.ctx.family` from what the last sync left to what the new
+/// plan wants, given the entries that changed; `unchanged` finds an entry that did not
+/// change by its key hash (needed only when the owner of a contested destination
+/// changes). Sends one transaction and returns what to delete in one of its own.
+///
+/// # Errors
+/// When the transaction cannot be sent or is refused.
+pub fn update(
+    state: &mut FamilyState,
+    changes: &[Change<'_>],
+    unchanged: &dyn Fn(u64) -> Option<EntryObjects>,
+    sink: &mut Sink<'_>,
+) -> Result<Stale, SinkError> {
+    let family = state.ctx.family;
+    let ctx = state.ctx.clone();
+    let renderer = Renderer { ctx: &ctx };
+    let rendered: Vec<(u64, Option<EntryObjects>, Option<EntryObjects>)> = changes
+        .iter()
+        .map(|c| {
+            let key = c.old.or(c.new).map(|e| e.key.as_str()).unwrap_or_default();
+            (
+                key_hash(key),
+                c.old.map(|e| renderer.entry(e)),
+                c.new.map(|e| renderer.entry(e)),
+            )
+        })
+        .collect();
+    // Destinations touched, with their owner before.
+    let mut touched: BTreeMap<Dest, Option<u64>> = BTreeMap::new();
+    for (_, old, new) in &rendered {
+        for objects in [old, new].into_iter().flatten() {
+            for (dest, _) in &objects.dests {
+                touched.entry(*dest).or_insert_with(|| state.owner(dest));
+            }
+        }
+    }
+    for (hash, old, new) in &rendered {
+        if let Some(old) = old {
+            for (dest, _) in &old.dests {
+                state.release(dest, *hash);
+            }
+        }
+        if let Some(new) = new {
+            for (dest, _) in &new.dests {
+                state.claim(*dest, *hash);
+            }
+        }
+    }
+    let value_of = |owner: u64, dest: &Dest, when: When| -> Option<DestValue> {
+        let find = |objects: &EntryObjects| {
+            objects
+                .dests
+                .iter()
+                .find(|(d, _)| d == dest)
+                .map(|(_, v)| v.clone())
+        };
+        match rendered.iter().find(|(h, _, _)| *h == owner) {
+            Some((_, old, new)) => match when {
+                When::Before => old.as_ref().and_then(find),
+                When::After => new.as_ref().and_then(find),
+            },
+            None => unchanged(owner).as_ref().and_then(find),
+        }
+    };
+    let mut elements = ElementChanges::default();
+    let mut new_shared = Vec::new();
+    let mut stale = Stale::default();
+    for (dest, before) in &touched {
+        let old = before.and_then(|o| value_of(o, dest, When::Before));
+        let new = state
+            .owner(dest)
+            .and_then(|o| value_of(o, dest, When::After));
+        if old == new {
+            continue;
+        }
+        diff_dest(dest, old.as_ref(), new.as_ref(), &mut elements);
+        let (os, ns) = (
+            old.as_ref().and_then(|v| v.shared),
+            new.as_ref().and_then(|v| v.shared),
+        );
+        if let Some(s) = ns
+            && state.use_shared(s)
+        {
+            new_shared.push(s);
+        }
+        if let Some(s) = os
+            && state.unuse_shared(s)
+        {
+            stale.chains.insert(s.name());
+        }
+    }
+    // A shared chain that went and came back in this sync stays.
+    for s in &new_shared {
+        stale.chains.remove(&s.name());
+    }
+    let new_shared: Vec<SharedChain> = new_shared
+        .into_iter()
+        .filter(|s| state.shared.contains_key(s))
+        .collect();
+    // Chains and sets of the entries themselves.
+    let mut new_sets: Vec<SetDef> = Vec::new();
+    let mut new_chains: Vec<ChainDef> = Vec::new();
+    let mut replaced: Vec<ChainDef> = Vec::new();
+    for (_, old, new) in &rendered {
+        let empty = EntryObjects::default();
+        let (old, new) = (
+            old.as_ref().unwrap_or(&empty),
+            new.as_ref().unwrap_or(&empty),
+        );
+        let old_chains: HashMap<&str, &ChainDef> =
+            old.chains.iter().map(|c| (c.name.as_str(), c)).collect();
+        for chain in &new.chains {
+            match old_chains.get(chain.name.as_str()) {
+                None => new_chains.push(chain.clone()),
+                Some(before) if *before != chain => replaced.push(chain.clone()),
+                Some(_) => {}
+            }
+        }
+        for chain in &old.chains {
+            if !new.chains.iter().any(|c| c.name == chain.name) {
+                stale.chains.insert(chain.name.clone());
+            }
+        }
+        let old_sets: HashMap<&str, &(SetDef, Vec<Element>)> =
+            old.sets.iter().map(|s| (s.0.name.as_str(), s)).collect();
+        for (set, wanted) in &new.sets {
+            let held: &[Element] = match old_sets.get(set.name.as_str()) {
+                Some((_, held)) => held,
+                None => {
+                    new_sets.push(set.clone());
+                    &[]
+                }
+            };
+            let held: HashMap<&[u8], Option<&Data>> = held
+                .iter()
+                .map(|(k, d)| (k.as_slice(), d.as_ref()))
+                .collect();
+            let mut wanted_keys = HashSet::new();
+            for (key, data) in wanted {
+                wanted_keys.insert(key.as_slice());
+                elements.change(
+                    &set.name,
+                    key.clone(),
+                    held.get(key.as_slice()).copied(),
+                    Some(data.as_ref()),
+                );
+            }
+            for (key, data) in &held {
+                if !wanted_keys.contains(key) {
+                    elements.change(&set.name, key.to_vec(), Some(*data), None);
+                }
+            }
+        }
+        for (set, _) in &old.sets {
+            // Its elements go with it.
+            if !new.sets.iter().any(|(s, _)| s.name == set.name) {
+                stale.sets.insert(set.name.clone());
+            }
+        }
+    }
+    // Hairpin elements and cluster IPs: counted, changed when a count leaves or
+    // reaches 0.
+    let mut counted: BTreeMap<Vec<u8>, (&str, bool)> = BTreeMap::new();
+    for (_, old, _) in &rendered {
+        if let Some(objects) = old {
+            for hp in &objects.hairpin {
+                let (ip, proto, port) = *hp;
+                counted
+                    .entry(hairpin_key(ip, proto, port))
+                    .or_insert((names::HAIRPIN, true));
+                decrement(&mut state.hairpin, *hp);
+            }
+            if let Some(ip) = objects.cluster_ip {
+                counted
+                    .entry(addr_bytes(ip))
+                    .or_insert((names::CLUSTER_IPS, true));
+                decrement(&mut state.cluster_ips, ip);
+            }
+        }
+    }
+    for (_, old, new) in &rendered {
+        if old.is_some() {
+            state.entries = state.entries.saturating_sub(1);
+        }
+        if let Some(objects) = new {
+            state.entries += 1;
+            for hp in &objects.hairpin {
+                let (ip, proto, port) = *hp;
+                counted
+                    .entry(hairpin_key(ip, proto, port))
+                    .or_insert((names::HAIRPIN, state.hairpin.contains_key(hp)));
+                increment(&mut state.hairpin, *hp);
+            }
+            if let Some(ip) = objects.cluster_ip {
+                counted
+                    .entry(addr_bytes(ip))
+                    .or_insert((names::CLUSTER_IPS, state.cluster_ips.contains_key(&ip)));
+                increment(&mut state.cluster_ips, ip);
+            }
+        }
+    }
+    for (key, (set, before)) in counted {
+        let after = if set == names::HAIRPIN {
+            let a = layout::addr_len(family) as usize;
+            let ip = ip_of(key.get(..a).unwrap_or_default());
+            let proto = key.get(2 * a).copied().unwrap_or(0);
+            let port = key
+                .get(2 * a + 4..2 * a + 6)
+                .map(|p| u16::from_be_bytes([p[0], p[1]]))
+                .unwrap_or(0);
+            ip.is_some_and(|ip| state.hairpin.contains_key(&(ip, proto, port)))
+        } else {
+            ip_of(&key).is_some_and(|ip| state.cluster_ips.contains_key(&ip))
+        };
+        if before != after {
+            elements.change(set, key, before.then_some(None), after.then_some(None));
+        }
+    }
+    // Write: structure, rules, elements, flushes.
+    let shared_defs: Vec<ChainDef> = new_shared
+        .iter()
+        .map(|s| layout::shared_chain(*s, &ctx))
+        .collect();
+    for set in &new_sets {
+        sink.add_set(set);
+    }
+    for chain in shared_defs.iter().chain(&new_chains) {
+        sink.add_chain(&ChainDef {
+            rules: Vec::new(),
+            ..chain.clone()
+        });
+    }
+    for chain in shared_defs.iter().chain(&new_chains) {
+        for rule in &chain.rules {
+            sink.add_rule(&chain.name, rule);
+        }
+    }
+    for chain in &replaced {
+        sink.flush_chain(&chain.name);
+        for rule in &chain.rules {
+            sink.add_rule(&chain.name, rule);
+        }
+    }
+    elements.write(sink);
+    for chain in &stale.chains {
+        sink.flush_chain(chain);
+    }
+    sink.commit()?;
+    Ok(stale)
+}
+
+fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
