@@ -183,7 +183,7 @@ impl SyncLoop {
     /// # Errors
     /// When the dataplane thread dies.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<(), RunError> {
-        self.schedule.started(Instant::now());
+        self.schedule.started(kind, Instant::now());
         let listed = self.cache.listed();
         if listed {
             let started = std::time::Instant::now();
