@@ -33,7 +33,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
-use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, InputWriter, Runner};
+use proxyplan_agent::kernel::xtables_nft::{DumpSummary, NftChain, NftRule};
+use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, Family, InputWriter, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster, SyntheticSpec};
 use proxyplan_controller::{DesiredObject, Planner};
@@ -191,6 +192,21 @@ impl Runner for Timed {
         line: &mut dyn FnMut(&str),
     ) -> Result<CommandOutput, DataplaneError> {
         self.time(|| self.inner.run_lines(program, args, line))
+    }
+
+    fn nft_table(
+        &self,
+        family: Family,
+        table: &str,
+        chain: &mut dyn FnMut(NftChain<'_>),
+        rule: &mut dyn FnMut(NftRule<'_>),
+        restart: &mut dyn FnMut(),
+    ) -> Result<Option<DumpSummary>, DataplaneError> {
+        self.time(|| self.inner.nft_table(family, table, chain, rule, restart))
+    }
+
+    fn nft_generation(&self) -> Result<Option<u32>, DataplaneError> {
+        self.time(|| self.inner.nft_generation())
     }
 }
 

@@ -167,10 +167,16 @@ mod tests {
         // A change due after the periodic deadline waits for it: the periodic sync
         // brings the kernel to the plan too.
         s.changed();
-        assert_eq!(s.next(true, t0 + secs(29)), (t0 + secs(21), SyncKind::Change));
+        assert_eq!(
+            s.next(true, t0 + secs(29)),
+            (t0 + secs(21), SyncKind::Change)
+        );
         s.started(SyncKind::Change, t0 + secs(29));
         s.changed();
-        assert_eq!(s.next(true, t0 + secs(29)), (t0 + PERIOD, SyncKind::Periodic));
+        assert_eq!(
+            s.next(true, t0 + secs(29)),
+            (t0 + PERIOD, SyncKind::Periodic)
+        );
     }
 
     #[test]
