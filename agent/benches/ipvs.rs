@@ -9,7 +9,9 @@
 //! A node's merged plan from a synthetic cluster (10,000 Services × 10 endpoints, 5 %
 //! Local, 5 % zone-hinted) is programmed into a throwaway network namespace. Printed:
 //! the first full apply (time, and the netlink operations it took: IPVS messages and
-//! address changes), an unchanged resync, a full resync after a restart (kernel re-read),
+//! address changes), an unchanged resync, the periodic check (the kernel re-read in full
+//! and compared; and with one real server deleted behind the agent's back, the check and
+//! the sync that repairs it), a full resync after a restart (kernel re-read),
 //! one endpoint change at a time (planner → merged plan → `sync` returns; median / p99),
 //! the peak memory of the real `proxyplan-agent apply --mode ipvs` on the same plan, and
 //! for comparison the same first apply in iptables mode (legacy back end: the nft one
@@ -422,6 +424,41 @@ fn bench(services: usize, changes: usize) {
     let unchanged = dp.sync_shared(&merged, false).expect("resync");
     let resync = start.elapsed();
     assert_eq!(unchanged.changed, 0, "{}", unchanged.payload);
+    // The periodic check: a full re-read of what the mode owns, compared.
+    let start = Instant::now();
+    assert!(
+        dp.rules_intact().expect("periodic check"),
+        "nothing was touched"
+    );
+    let periodic = start.elapsed();
+    let start = Instant::now();
+    let after_check = dp.sync_shared(&merged, false).expect("periodic sync");
+    let periodic_sync = start.elapsed();
+    assert_eq!(after_check.changed, 0, "{}", after_check.payload);
+    // One real server deleted behind the agent's back: noticed, and repaired by the
+    // sync after the check (a full diff against the kernel read).
+    let tampered = merged
+        .service_ports
+        .iter()
+        .find(|e| e.family == proxyplan_crds::IpFamily::IPv4 && !e.cluster_endpoints.is_empty())
+        .expect("an IPv4 service port with endpoints");
+    let endpoint = &tampered.cluster_endpoints[0];
+    let ok = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "ipvsadm", "-d", "-t"])
+        .arg(format!("{}:{}", tampered.cluster_ip, tampered.port))
+        .arg("-r")
+        .arg(format!("{}:{}", endpoint.ip, endpoint.port))
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "ipvsadm -d");
+    let start = Instant::now();
+    assert!(
+        !dp.rules_intact().expect("periodic check"),
+        "the deletion is noticed"
+    );
+    let repaired = dp.sync_shared(&merged, false).expect("repair");
+    let repair = start.elapsed();
+    assert!(repaired.changed >= 1, "{}", repaired.payload);
     let mut restarted = IpvsDataplane::new(
         IpvsSettings::default(),
         NetlinkKernel::in_netns(&ns.0).expect("netlink"),
@@ -482,6 +519,15 @@ fn bench(services: usize, changes: usize) {
         ipvs_ops
     );
     println!("| unchanged resync | {} |", ms(resync));
+    println!(
+        "| periodic check: full kernel re-read (IPVS with real servers, addresses, sets, tables) + compare, nothing changed | {} (+ {} for the sync after it) |",
+        ms(periodic),
+        ms(periodic_sync)
+    );
+    println!(
+        "| periodic check + the sync that repairs one deleted real server | {} |",
+        ms(repair)
+    );
     println!(
         "| restart: kernel re-read + diff, nothing sent | {} |",
         ms(restart)

@@ -12,7 +12,8 @@
 //! Prints: the restart's sync (its time, the time spent reading the kernel, what it
 //! changed, how many `iptables-restore` runs it made: 0 when nothing changed), the first
 //! periodic check after it (a full read), the next one (on nft, answered by the nf_tables
-//! generation alone), and the process's peak memory. With a third argument `tamper`, it
+//! generation alone), the first change after it (one endpoint of the first IPv4 service
+//! port moved: its time and payload), and the process's peak memory. With a third argument `tamper`, it
 //! then deletes the `PREROUTING` jump, checks, syncs (the repair) and checks again.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -116,6 +117,30 @@ fn check(dp: &mut IptablesDataplane<Counting>, what: &str) {
     println!("{what}: {took:.2?} (reading {reading:.2?}), intact: {intact}, restores: {restores}");
 }
 
+/// The first change after the restart: one endpoint of the first IPv4 service port with
+/// endpoints moves to another address.
+fn one_change(dp: &mut IptablesDataplane<Counting>, plan: &mut proxyplan_crds::MergedPlan) {
+    let Some(entry) = plan
+        .service_ports
+        .iter_mut()
+        .find(|e| e.family == proxyplan_crds::IpFamily::IPv4 && !e.cluster_endpoints.is_empty())
+    else {
+        println!("no IPv4 service port with endpoints to change");
+        return;
+    };
+    std::sync::Arc::make_mut(entry).cluster_endpoints[0].ip = "10.250.0.1".to_owned();
+    let start = Instant::now();
+    let report = dp.sync(plan, false).expect("one change");
+    let took = start.elapsed();
+    let (restores, _) = dp.runner().take();
+    let sent = dp.payload_sent();
+    println!(
+        "one endpoint change after the restart: {took:.2?}, {} changed, {restores} \
+         iptables-restore runs, {} payload lines / {} bytes",
+        report.changed, sent.lines, sent.bytes
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(file), Some(backend)) = (args.get(1), args.get(2)) else {
@@ -130,7 +155,7 @@ fn main() {
     let start = Instant::now();
     let (node, services) =
         proxyplan_agent::run::plan_file::read(std::path::Path::new(file)).expect("plan file");
-    let plan = proxyplan_crds::merge_owned(node, services).expect("plan merges");
+    let mut plan = proxyplan_crds::merge_owned(node, services).expect("plan merges");
     println!(
         "plan: {} service ports, read in {:.2?}",
         plan.service_ports.len(),
@@ -141,15 +166,15 @@ fn main() {
     let report = dp.sync(&plan, false).expect("restart sync");
     let took = start.elapsed();
     let (restores, reading) = dp.runner().take();
+    let sent = dp.payload_sent();
     println!(
         "restart sync ({backend:?}): {took:.2?} (reading the kernel {reading:.2?}), {} rules, \
-         {} changed, {restores} iptables-restore runs, {} payload bytes",
-        report.rules,
-        report.changed,
-        report.payload.len()
+         {} changed, {restores} iptables-restore runs, {} payload lines / {} bytes",
+        report.rules, report.changed, sent.lines, sent.bytes
     );
     check(&mut dp, "first periodic check");
     check(&mut dp, "next periodic check");
+    one_change(&mut dp, &mut plan);
     if args.get(3).map(String::as_str) == Some("tamper") {
         let iptables = backend.binary(Family::V4, proxyplan_agent::kernel::Tool::Iptables);
         let status = std::process::Command::new(&iptables)

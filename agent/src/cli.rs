@@ -9,8 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proxyplan_agent::dataplane::Dataplane;
-use proxyplan_agent::kernel::ipvs::NetlinkKernel;
-use proxyplan_agent::kernel::{BackendChoice, CommandRunner};
+use proxyplan_agent::kernel::conntrack::ConntrackSysctls;
+use proxyplan_agent::kernel::ipvs::{IpvsTimeouts, NetlinkKernel};
+use proxyplan_agent::kernel::{BackendChoice, CommandRunner, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_agent::modes::ipvs::{IpvsDataplane, IpvsSettings};
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
@@ -54,6 +55,10 @@ enum Command {
     Cleanup(CleanupArgs),
     /// Validate a plan file and print the merged service ports it programs.
     Check(CheckArgs),
+    /// Set the node's conntrack sysctls (table size and timeouts, kube-proxy's flags and
+    /// defaults), then exit: for a privileged init container, since the agent itself runs
+    /// unprivileged and /proc/sys is read-only there (it checks them again at start).
+    Setup(SetupArgs),
 }
 
 /// How the kernel is programmed.
@@ -95,6 +100,27 @@ struct IpvsArgs {
     /// is deleted even with connections left (UDP real servers go at once).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "120s")]
     ipvs_termination_grace: Duration,
+    /// ipvs mode: IPVS's idle timeout of established TCP connections (ipvsadm --set),
+    /// whole seconds; 0 leaves the kernel's value (900 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_tcp_timeout: u32,
+    /// ipvs mode: IPVS's timeout of TCP connections after a FIN, whole seconds; 0 leaves
+    /// the kernel's value (120 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_tcpfin_timeout: u32,
+    /// ipvs mode: IPVS's timeout of UDP flows, whole seconds; 0 leaves the kernel's value
+    /// (300 s on a fresh node).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ipvs_timeout, default_value = "0s")]
+    ipvs_udp_timeout: u32,
+}
+
+/// An IPVS timeout: a duration of whole seconds (IPVS counts in seconds), as seconds.
+fn parse_ipvs_timeout(text: &str) -> Result<u32, String> {
+    let duration = parse_duration(text)?;
+    if duration.subsec_nanos() != 0 {
+        return Err(format!("{text:?}: IPVS timeouts are whole seconds"));
+    }
+    u32::try_from(duration.as_secs()).map_err(|_| format!("{text:?} is too long"))
 }
 
 fn parse_interface(name: &str) -> Result<String, String> {
@@ -117,6 +143,117 @@ struct RenderArgs {
     /// these CIDRs; repeat or comma-separate. Default: every address.
     #[arg(long, value_name = "CIDR", value_delimiter = ',', num_args = 1..)]
     nodeport_addresses: Vec<Cidr>,
+    /// iptables mode, IPv4: also accept node ports on 127.0.0.0/8 (kube-proxy's
+    /// --iptables-localhost-nodeports, on by default there). Sets route_localnet=1 and
+    /// adds kube-proxy's guard against martian packets to 127.0.0.0/8; has no effect when
+    /// --nodeport-addresses leaves out loopback.
+    #[arg(long)]
+    iptables_localhost_nodeports: bool,
+}
+
+/// The conntrack sysctls, with kube-proxy's flags and defaults.
+#[derive(Debug, Args)]
+struct ConntrackArgs {
+    /// Conntrack table entries per CPU (the table gets at least --conntrack-min, at most
+    /// 1,048,576 entries, and is never shrunk); 0 leaves the size alone.
+    #[arg(long, default_value_t = 32_768)]
+    conntrack_max_per_core: u64,
+    /// The smallest conntrack table, whatever the CPU count.
+    #[arg(long, default_value_t = 131_072)]
+    conntrack_min: u64,
+    /// Idle timeout of established TCP connections (nf_conntrack_tcp_timeout_established);
+    /// 0 leaves it alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "24h")]
+    conntrack_tcp_timeout_established: Duration,
+    /// How long a TCP connection stays in CLOSE_WAIT (nf_conntrack_tcp_timeout_close_wait);
+    /// 0 leaves it alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
+    conntrack_tcp_timeout_close_wait: Duration,
+    /// Track TCP liberally (nf_conntrack_tcp_be_liberal=1): out-of-window packets are not
+    /// marked invalid, and iptables mode then adds no DROP rule for invalid packets.
+    #[arg(long)]
+    conntrack_tcp_be_liberal: bool,
+    /// Idle timeout of UDP flows (nf_conntrack_udp_timeout); 0 leaves it alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
+    conntrack_udp_timeout: Duration,
+    /// Idle timeout of UDP streams (nf_conntrack_udp_timeout_stream); 0 leaves it alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
+    conntrack_udp_timeout_stream: Duration,
+}
+
+impl ConntrackArgs {
+    fn sysctls(&self) -> ConntrackSysctls {
+        let Self {
+            conntrack_max_per_core,
+            conntrack_min,
+            conntrack_tcp_timeout_established,
+            conntrack_tcp_timeout_close_wait,
+            conntrack_tcp_be_liberal,
+            conntrack_udp_timeout,
+            conntrack_udp_timeout_stream,
+        } = self;
+        ConntrackSysctls {
+            max_per_core: *conntrack_max_per_core,
+            min: *conntrack_min,
+            tcp_established_timeout: *conntrack_tcp_timeout_established,
+            tcp_close_wait_timeout: *conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: *conntrack_tcp_be_liberal,
+            udp_timeout: *conntrack_udp_timeout,
+            udp_stream_timeout: *conntrack_udp_timeout_stream,
+        }
+    }
+
+    /// Sets the sysctls in the agent's network namespace and says what happened; what
+    /// cannot be set (read-only /proc/sys in an unprivileged container) is a warning.
+    /// Returns how many could not be set.
+    fn apply(&self) -> usize {
+        let outcomes = self.sysctls().apply(&CommandRunner::new(), online_cpus());
+        let mut failed = 0;
+        for o in &outcomes {
+            let found = o.found.as_deref().unwrap_or("unset");
+            match &o.error {
+                None => {
+                    tracing::info!(sysctl = %o.name, value = %o.wanted, was = found, "set sysctl")
+                }
+                Some(err) => {
+                    failed += 1;
+                    tracing::warn!(
+                        sysctl = %o.name, wanted = %o.wanted, value = found, %err,
+                        "cannot set sysctl (run `proxyplan-agent setup` in a privileged init \
+                         container; the chart does)"
+                    );
+                }
+            }
+        }
+        failed
+    }
+}
+
+/// The node's online CPUs (kube-proxy sizes the conntrack table by them, not by this
+/// process's CPU quota).
+fn online_cpus() -> u64 {
+    let from_sysfs = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .map(|text| {
+            text.trim()
+                .split(',')
+                .filter_map(|range| match range.split_once('-') {
+                    Some((a, b)) => Some(b.parse::<u64>().ok()? - a.parse::<u64>().ok()? + 1),
+                    None => range.parse::<u64>().ok().map(|_| 1),
+                })
+                .sum::<u64>()
+        })
+        .filter(|n| *n > 0);
+    from_sysfs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
+
+#[derive(Debug, Args)]
+struct SetupArgs {
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
+    /// Also set route_localnet=1, which iptables mode's localhost node ports need.
+    #[arg(long)]
+    iptables_localhost_nodeports: bool,
 }
 
 /// `--iptables-backend`.
@@ -160,6 +297,8 @@ struct RunArgs {
     dataplane: DataplaneArgs,
     #[command(flatten)]
     render: RenderArgs,
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +314,8 @@ struct ApplyArgs {
     dataplane: DataplaneArgs,
     #[command(flatten)]
     render: RenderArgs,
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
 }
 
 #[derive(Debug, Args)]
@@ -202,6 +343,7 @@ impl Cli {
             Command::Apply(args) => apply(args),
             Command::Cleanup(args) => cleanup(args),
             Command::Check(args) => check(args),
+            Command::Setup(args) => setup(&args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -218,10 +360,13 @@ impl RenderArgs {
         let Self {
             masquerade_bit,
             nodeport_addresses,
+            iptables_localhost_nodeports,
         } = self;
         RenderSettings {
             masquerade_bit,
             nodeport_cidrs: nodeport_addresses.iter().map(ToString::to_string).collect(),
+            drop_invalid: true,
+            localhost_nodeports: iptables_localhost_nodeports,
         }
     }
 }
@@ -254,6 +399,9 @@ fn dataplane(
                 ipvs_strict_arp,
                 ipvs_interface,
                 ipvs_termination_grace,
+                ipvs_tcp_timeout,
+                ipvs_tcpfin_timeout,
+                ipvs_udp_timeout,
             } = ipvs;
             let nodeport_cidrs = render
                 .nodeport_cidrs
@@ -268,6 +416,11 @@ fn dataplane(
                 nodeport_cidrs,
                 strict_arp: *ipvs_strict_arp,
                 termination_grace: *ipvs_termination_grace,
+                timeouts: IpvsTimeouts {
+                    tcp: *ipvs_tcp_timeout,
+                    tcp_fin: *ipvs_tcpfin_timeout,
+                    udp: *ipvs_udp_timeout,
+                },
             };
             Ok(Box::new(IpvsDataplane::new(
                 settings,
@@ -291,6 +444,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         log,
         dataplane: dataplane_args,
         render,
+        conntrack,
     } = args;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
@@ -299,6 +453,8 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         .init();
     anyhow::ensure!(!node.is_empty(), "--node (or NODE_NAME) must not be empty");
     anyhow::ensure!(!sync_period.is_zero(), "--sync-period must be positive");
+    // Before the dataplane starts: iptables mode reads nf_conntrack_tcp_be_liberal.
+    conntrack.apply();
     let nodeport_addresses = render.nodeport_addresses.clone();
     let dataplane = dataplane(&dataplane_args, render.settings())?;
     let settings = run::Settings {
@@ -323,6 +479,7 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         dry_run,
         dataplane: dataplane_args,
         render,
+        conntrack,
     } = args;
     // The merge takes the parsed plan and Service plans (moving their entries) and drops the
     // rest: only the merged plan is left when the dataplane starts.
@@ -330,6 +487,9 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{}: plan refused, nothing was changed", plan.display()))?;
     // Shared, not copied: ipvs mode keeps the plan it synced to compare the next with.
     let merged = std::sync::Arc::new(merged);
+    if !dry_run {
+        conntrack.apply();
+    }
     let mut dataplane = dataplane(&dataplane_args, render.settings())?;
     let started = std::time::Instant::now();
     let report = dataplane.sync_shared(&merged, dry_run)?;
@@ -353,6 +513,29 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     } else {
         println!("applied {summary}");
     }
+    Ok(())
+}
+
+fn setup(args: &SetupArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let mut failed = args.conntrack.apply();
+    if args.iptables_localhost_nodeports {
+        let name = "net/ipv4/conf/all/route_localnet";
+        match CommandRunner::new().write_sysctl(name, "1") {
+            Ok(()) => tracing::info!(sysctl = name, value = "1", "set sysctl"),
+            Err(err) => {
+                failed += 1;
+                tracing::warn!(sysctl = name, %err, "cannot set sysctl");
+            }
+        }
+    }
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} sysctl(s) could not be set (see above)"
+    );
     Ok(())
 }
 
@@ -443,5 +626,21 @@ fn print_merged(merged: &proxyplan_crds::MergedPlan) {
             print!(" (internal: {:?})", entry.internal.when_empty);
         }
         println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ipvs_timeout;
+
+    #[test]
+    fn ipvs_timeouts_are_whole_seconds() {
+        assert_eq!(parse_ipvs_timeout("0s"), Ok(0));
+        assert_eq!(parse_ipvs_timeout("0"), Ok(0));
+        assert_eq!(parse_ipvs_timeout("1h"), Ok(3600));
+        assert_eq!(parse_ipvs_timeout("15m30s"), Ok(930));
+        assert!(parse_ipvs_timeout("1.5s").is_err());
+        assert!(parse_ipvs_timeout("500ms").is_err());
+        assert!(parse_ipvs_timeout("forever").is_err());
     }
 }

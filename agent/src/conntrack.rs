@@ -4,12 +4,16 @@
 //! UDP has no connection to close, so a conntrack entry outlives the rules that created
 //! it: a client that kept sending to a service address while it had no endpoint holds an
 //! entry that was never DNATed, and one whose endpoint went away keeps being sent there.
-//! After each sync the agent compares the UDP paths of the previous and the new plan:
+//! After each sync the agent compares the UDP paths of the previous and the new plan,
+//! where the endpoints of a destination are the service port's *serving* endpoints, not
+//! the ones this node programs (as kube-proxy's `conntrack/cleanup.go`: a ready →
+//! terminating transition, a topology-hint change or a Local-list change does not cut a
+//! live UDP flow):
 //!
 //! - a destination (cluster IP, external IP or load-balancer IP with the service port, or
-//!   a node port) that had no endpoint and now has some: delete every entry to it;
-//! - an endpoint no longer behind a destination: delete the entries to that destination
-//!   whose reply comes from the endpoint.
+//!   a node port) that had no serving endpoint and now has some: delete every entry to it;
+//! - an endpoint that no longer serves a destination: delete the entries to that
+//!   destination whose reply comes from the endpoint.
 //!
 //! With no previous plan (the agent just started) nothing is known about the past, so the
 //! conntrack table is listed once and exactly the entries that contradict the plan are
@@ -19,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan, TrafficPolicy};
+use proxyplan_crds::{LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan};
 
 use crate::kernel::command::Runner;
 use crate::kernel::conntrack::{Backend, CONNTRACK, Destination, Flow, StaleFlows};
@@ -53,53 +57,55 @@ pub struct EntryChange<'p> {
     pub entries: Vec<&'p ServicePortPlan>,
 }
 
-/// The destinations one UDP entry serves and the endpoints behind each. External
-/// destinations of a Local-policy entry include the cluster endpoints, which pods and the
-/// node itself are short-circuited to.
+/// The destinations one UDP entry serves and the endpoints whose flows to each stay:
+/// every serving endpoint of the service port, whatever this node programs (kube-proxy's
+/// `conntrack/cleanup.go`: traffic policy, topology and terminating state do not cut
+/// live UDP flows; only an endpoint that stops serving does).
 fn entry_paths(entry: &ServicePortPlan, out: &mut BTreeMap<Destination, BTreeSet<Backend>>) {
     if entry.protocol != Protocol::UDP {
         return;
     }
-    let backends = |list: &[proxyplan_crds::Endpoint]| -> BTreeSet<Backend> {
-        list.iter()
-            .filter_map(|e| Some((e.ip.parse().ok()?, e.port)))
-            .collect()
-    };
+    let serving: BTreeSet<Backend> = entry
+        .cluster_endpoints
+        .iter()
+        .chain(&entry.local_endpoints)
+        .chain(&entry.also_serving)
+        .filter_map(|e| Some((e.ip.parse().ok()?, e.port)))
+        .collect();
     let address = |ip: &str| {
         ip.parse().ok().map(|ip| Destination::Address {
             ip,
             port: entry.port,
         })
     };
-    if let Some(dest) = address(&entry.cluster_ip) {
-        out.entry(dest)
-            .or_default()
-            .extend(backends(entry.endpoints_for(&entry.internal)));
-    }
-    let Some(external) = entry.external else {
-        return;
-    };
-    let mut behind = backends(entry.endpoints_for(&external));
-    if external.policy == TrafficPolicy::Local {
-        behind.extend(backends(&entry.cluster_endpoints));
-    }
     let family = if entry.cluster_ip.contains(':') {
         Family::V6
     } else {
         Family::V4
     };
-    let vips = entry.external_ips.iter().map(String::as_str).chain(
-        entry
-            .load_balancer_ips
-            .iter()
-            .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-            .map(|lb| lb.ip.as_str()),
-    );
+    let external = entry.external.is_some();
+    let vips = entry
+        .external_ips
+        .iter()
+        .map(String::as_str)
+        .chain(
+            entry
+                .load_balancer_ips
+                .iter()
+                .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
+                .map(|lb| lb.ip.as_str()),
+        )
+        .filter(|_| external);
     let node_port = entry
         .node_port
+        .filter(|_| external)
         .map(|port| Destination::NodePort { family, port });
-    for dest in vips.filter_map(address).chain(node_port) {
-        out.entry(dest).or_default().extend(behind.iter().copied());
+    let dests = std::iter::once(entry.cluster_ip.as_str())
+        .chain(vips)
+        .filter_map(address)
+        .chain(node_port);
+    for dest in dests {
+        out.entry(dest).or_default().extend(serving.iter().copied());
     }
 }
 
@@ -352,7 +358,7 @@ mod tests {
     use crate::kernel::conntrack::parse_listing;
     use proxyplan_crds::{
         EmptyAction, Endpoint, IpFamily, LocalTrafficDetection, LocalTrafficMode, MasqueradePlan,
-        ServicePortPlan, TrafficPlan,
+        ServicePortPlan, TrafficPlan, TrafficPolicy,
     };
 
     fn ep(text: &str) -> Endpoint {
@@ -399,6 +405,8 @@ mod tests {
                 local_host_to_external: false,
                 hairpin: false,
             },
+            local_terminating: false,
+            also_serving: Vec::new(),
         }
     }
 
@@ -413,7 +421,9 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
+            service_cidrs: Vec::new(),
             service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
         })
     }
@@ -463,6 +473,36 @@ mod tests {
         assert_eq!(stale_flows(&after, &plan(vec![])).len(), 3);
     }
 
+    #[test]
+    fn flows_stay_while_their_endpoint_serves_whatever_this_node_programs() {
+        // kube-proxy's `conntrack/cleanup.go`: only an endpoint that stops serving loses
+        // its flows; policy, topology and terminating state do not cut them.
+        let mut svc = udp("10.96.0.10", &["10.244.1.5:5353", "10.244.1.6:5353"]);
+        svc.external = Some(TrafficPlan {
+            policy: TrafficPolicy::Local,
+            when_empty: EmptyAction::Drop,
+        });
+        svc.node_port = Some(30053);
+        let before = plan(vec![svc.clone()]);
+        // 10.244.1.5 starts terminating: no longer listed, still serving.
+        svc.cluster_endpoints.remove(0);
+        svc.also_serving = vec![ep("10.244.1.5:5353")];
+        let terminating = plan(vec![svc.clone()]);
+        assert!(stale_flows(&before, &terminating).is_empty());
+        // A Local-list change on this node changes nothing either.
+        svc.local_endpoints = vec![ep("10.244.1.6:5353")];
+        assert!(stale_flows(&terminating, &plan(vec![svc.clone()])).is_empty());
+        // It stops serving: its flows go, to every destination of the port.
+        svc.also_serving.clear();
+        assert_eq!(
+            args(&stale_flows(&terminating, &plan(vec![svc]))),
+            [
+                "-D -p udp -f ipv4 --orig-dst 10.96.0.10 --dport 53 --reply-src 10.244.1.5 --reply-port-src 5353",
+                "-D -p udp -f ipv4 --dport 30053 --reply-src 10.244.1.5 --reply-port-src 5353",
+            ]
+        );
+    }
+
     fn merged(entries: &[ServicePortPlan]) -> MergedPlan {
         MergedPlan {
             node_name: "n".into(),
@@ -474,8 +514,10 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
             service_ports: entries.iter().cloned().map(std::sync::Arc::new).collect(),
+            service_cidrs: Vec::new(),
         }
     }
 

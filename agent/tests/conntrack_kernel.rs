@@ -146,3 +146,111 @@ fn udp_entries_are_listed_and_deleted_over_netlink() {
     assert!(left.contains("sport=40002"), "{left}");
     assert!(left.contains("tcp"), "{left}");
 }
+
+/// kube-proxy's conntrack sysctls, set through a runner in a namespace: the timeouts are
+/// per namespace and take; the table size is the init namespace's, so a child namespace
+/// refuses it and says so instead of stopping anything.
+#[test]
+fn conntrack_sysctls_are_set_where_the_kernel_allows() {
+    use proxyplan_agent::kernel::conntrack::ConntrackSysctls;
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    // Conntrack sysctls appear once the module is in use in the namespace.
+    ns.run(&["conntrack", "-L"]);
+    let runner = CommandRunner::in_netns(&ns.name);
+    let read = |name: &str| ns.run(&["sysctl", "-n", name]).trim().to_owned();
+    ns.run(&[
+        "sysctl",
+        "-qw",
+        "net.netfilter.nf_conntrack_tcp_timeout_established=432000",
+    ]);
+    let max_before = read("net.netfilter.nf_conntrack_max");
+    let wanted = ConntrackSysctls {
+        max_per_core: 1_000_000,
+        min: 0,
+        tcp_be_liberal: true,
+        ..ConntrackSysctls::default()
+    };
+    let outcomes = wanted.apply(&runner, 2);
+    assert_eq!(
+        read("net.netfilter.nf_conntrack_tcp_timeout_established"),
+        "86400"
+    );
+    assert_eq!(
+        read("net.netfilter.nf_conntrack_tcp_timeout_close_wait"),
+        "3600"
+    );
+    assert_eq!(read("net.netfilter.nf_conntrack_tcp_be_liberal"), "1");
+    let max = outcomes
+        .iter()
+        .find(|o| o.name == "net/netfilter/nf_conntrack_max")
+        .expect("the table size was tried");
+    assert_eq!(max.wanted, "1048576", "capped as kube-proxy 1.36 caps it");
+    if max.error.is_some() {
+        assert_eq!(read("net.netfilter.nf_conntrack_max"), max_before);
+    }
+    // Everything that could be set is now right: a second run writes nothing else.
+    let again = wanted.apply(&runner, 2);
+    assert!(
+        again
+            .iter()
+            .all(|o| o.name.contains("nf_conntrack_max") || o.name.contains("hashsize")),
+        "{again:?}"
+    );
+}
+
+/// `proxyplan-agent setup` (the chart's privileged init container) sets the sysctls and
+/// fails, naming them, when one cannot be set (here the table size, which only the
+/// node's own namespace may change).
+#[test]
+fn setup_sets_the_sysctls_or_says_which_it_could_not() {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    ns.run(&["conntrack", "-L"]);
+    let setup = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                env!("CARGO_BIN_EXE_proxyplan-agent"),
+                "setup",
+            ])
+            .args(args)
+            .output()
+            .expect("run setup")
+    };
+    let out = setup(&[
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-close-wait=2h",
+        "--conntrack-udp-timeout=45s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |name: &str| ns.run(&["sysctl", "-n", name]).trim().to_owned();
+    assert_eq!(
+        read("net.netfilter.nf_conntrack_tcp_timeout_close_wait"),
+        "7200"
+    );
+    assert_eq!(read("net.netfilter.nf_conntrack_udp_timeout"), "45");
+
+    let out = setup(&["--conntrack-max-per-core=1000000", "--conntrack-min=0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if read("net.netfilter.nf_conntrack_max") != "1048576" {
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains("nf_conntrack_max"), "{stderr}");
+    }
+}

@@ -193,7 +193,7 @@ fn base_jumps_are_inserted_only_when_missing_and_keep_render_order() {
     let mut dp = dataplane(&kernel);
     let plan = plan(small_cluster());
     let first = dp.sync(&plan, false).unwrap();
-    assert_eq!(lines_starting(&first.payload, "-I ").len(), 11);
+    assert_eq!(lines_starting(&first.payload, "-I ").len(), 12);
     assert_eq!(lines_starting(&first.payload, "-D ").len(), 0);
 
     // Someone deletes our PREROUTING jump and the second of our four FORWARD jumps.
@@ -280,7 +280,7 @@ fn foreign_chains_and_rules_are_untouched_and_cleanup_restores_the_kernel() {
     assert!(!payload.contains("KUBE-"), "{payload}");
     assert_eq!(
         lines_starting(payload, "-D INPUT"),
-        ["-D INPUT 2", "-D INPUT 1"],
+        ["-D INPUT 3", "-D INPUT 2", "-D INPUT 1"],
         "ours were inserted above the foreign rule: {payload}"
     );
     assert_eq!(

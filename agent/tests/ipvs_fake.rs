@@ -449,3 +449,156 @@ fn syncs_that_send_only_changed_entries_end_where_a_full_render_says() {
         );
     }
 }
+
+/// Every VIP goes into the VIP set and each of its service ports into the VIP-PORT set
+/// (what the VIP filter lets through); an external IP that is one of the node's own
+/// addresses is not a VIP of the dummy interface and stays out of the VIP set.
+#[test]
+fn vips_and_their_ports_feed_the_vip_filter() {
+    let mut web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    web.external_ips = vec!["192.0.2.10".into(), NODE.into()];
+    web.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Cluster,
+        when_empty: EmptyAction::Reject,
+    });
+    let mut dp = dataplane(IpvsSettings::default());
+    dp.sync(&plan(vec![web]), false).expect("sync");
+    let kernel = dp.kernel();
+    assert_eq!(
+        set(kernel, "PROXYPLAN-VIP"),
+        ["10.96.0.10", "192.0.2.10"],
+        "the node's own address is not filtered"
+    );
+    assert_eq!(
+        set(kernel, "PROXYPLAN-VIP-PORT"),
+        ["10.10.0.1,tcp:80", "10.96.0.10,tcp:80", "192.0.2.10,tcp:80"]
+    );
+}
+
+/// The periodic check compares a fresh read of IPVS, the addresses and the sets with
+/// what the agent wrote: each deletion behind its back is noticed, and the sync after
+/// it puts the object back.
+#[test]
+fn the_periodic_check_notices_and_the_next_sync_repairs() {
+    let web = service(
+        "web",
+        "10.96.0.10",
+        80,
+        &["10.244.1.10:8080", "10.244.1.11:8080"],
+    );
+    let plan = plan(vec![web]);
+    let mut dp = dataplane(IpvsSettings::default());
+    dp.sync(&plan, false).expect("sync");
+    assert!(dp.rules_intact().expect("check"));
+    let vs = (IPPROTO_TCP, ip("10.96.0.10"), 80);
+    let rs = (ip("10.244.1.10"), 8080);
+    type Tamper = fn(&mut FakeIpvsKernel);
+    let tampers: [(&str, Tamper); 4] = [
+        ("a real server", |k| {
+            let (_, dests) = k
+                .services
+                .get_mut(&(IPPROTO_TCP, ip("10.96.0.10"), 80))
+                .unwrap();
+            dests.remove(&(ip("10.244.1.10"), 8080));
+        }),
+        ("a virtual server", |k| {
+            k.services.remove(&(IPPROTO_TCP, ip("10.96.0.10"), 80));
+        }),
+        ("a set entry", |k| {
+            let set = k.sets.get_mut("PROXYPLAN-VIP-PORT").unwrap();
+            set.entries.clear();
+        }),
+        ("a VIP address", |k| {
+            k.addresses.retain(|a| a.ip != ip("10.96.0.10"))
+        }),
+    ];
+    for (what, tamper) in tampers {
+        tamper(dp.kernel_mut());
+        assert!(!dp.rules_intact().expect("check"), "{what}");
+        let report = dp.sync(&plan, false).expect("sync");
+        assert!(report.changed > 0, "{what}: {}", report.payload);
+        let kernel = dp.kernel();
+        assert_eq!(kernel.weight(vs, rs), Some(1), "{what}");
+        assert_eq!(
+            set(kernel, "PROXYPLAN-VIP-PORT"),
+            ["10.96.0.10,tcp:80"],
+            "{what}"
+        );
+        assert!(
+            kernel.addresses.iter().any(|a| a.ip == ip("10.96.0.10")),
+            "{what}"
+        );
+        assert!(dp.rules_intact().expect("check"), "{what}: repaired");
+    }
+}
+
+/// `--ipvs-scheduler mh` puts the mh-port flag on every virtual server, persistent ones
+/// too; the timeouts go to the kernel once, zeros left alone.
+#[test]
+fn mh_flag_and_timeouts() {
+    use proxyplan_agent::kernel::ipvs::{
+        IP_VS_SVC_F_PERSISTENT, IP_VS_SVC_F_SCHED_MH_PORT, IpvsTimeouts,
+    };
+    let web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    let mut sticky = service("sticky", "10.96.0.11", 80, &["10.244.1.10:8080"]);
+    sticky.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 600,
+    });
+    let settings = IpvsSettings {
+        scheduler: "mh".into(),
+        timeouts: IpvsTimeouts {
+            tcp: 0,
+            tcp_fin: 30,
+            udp: 60,
+        },
+        ..IpvsSettings::default()
+    };
+    let mut dp = dataplane(settings);
+    let plan = plan(vec![web, sticky]);
+    dp.sync(&plan, false).expect("sync");
+    dp.sync(&plan, false).expect("sync again");
+    let kernel = dp.kernel();
+    assert_eq!(kernel.services.len(), 3);
+    for (service, _) in kernel.services.values() {
+        assert_eq!(service.scheduler, "mh");
+        assert_ne!(service.flags & IP_VS_SVC_F_SCHED_MH_PORT, 0, "{service:?}");
+    }
+    let sticky = &kernel.services[&(IPPROTO_TCP, ip("10.96.0.11"), 80)].0;
+    assert_ne!(sticky.flags & IP_VS_SVC_F_PERSISTENT, 0);
+    assert_eq!(
+        kernel.timeouts,
+        IpvsTimeouts {
+            tcp: 900,
+            tcp_fin: 30,
+            udp: 60
+        }
+    );
+    let set_calls = kernel
+        .log
+        .iter()
+        .filter(|l| l.starts_with("set timeouts"))
+        .count();
+    assert_eq!(set_calls, 1, "{:?}", kernel.log);
+
+    // With rr, no scheduler flags at all.
+    let mut rr = dataplane(IpvsSettings::default());
+    rr.sync(&plan, false).expect("sync");
+    assert!(
+        rr.kernel()
+            .services
+            .values()
+            .all(|(s, _)| s.flags & IP_VS_SVC_F_SCHED_MH_PORT == 0)
+    );
+    assert!(
+        !rr.kernel()
+            .log
+            .iter()
+            .any(|l| l.starts_with("set timeouts"))
+    );
+}

@@ -185,6 +185,7 @@ fn cached_rendering_equals_render_through_changes() {
     let other = RenderSettings {
         masquerade_bit: 14,
         nodeport_cidrs: vec!["172.16.0.0/12".to_owned()],
+        ..RenderSettings::default()
     };
     check(&mut cache, &mut node, &full, &other);
     let mut moved = full.clone();

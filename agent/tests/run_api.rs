@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use proxyplan_agent::run::{Agent, ProxyMode, RunError, Settings};
 use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan};
 use run_support::{
@@ -313,7 +312,12 @@ async fn no_status_patch_when_nothing_changed() {
     }
     agent.api.expect_quiet().await;
     let metrics = agent.metrics().await;
-    assert!(metric_value(&metrics, "kubeproxy_sync_proxy_rules_duration_seconds_sum") > 0.01);
+    assert!(
+        metric_value(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"}"
+        ) > 0.01
+    );
 
     // Someone flushed the rules: the canary says so, the resync restores them.
     agent.dataplane.intact.store(false, Ordering::SeqCst);
@@ -668,8 +672,21 @@ async fn health_check_node_port_answers_with_the_local_endpoint_count() {
         })
     );
 
-    agent.api.put_plan(&plan("p2", &[]));
-    let (code, body) = eventually_http(address, "/healthz", |code, _| code == 503).await;
+    // Only terminating pods left here: they still serve, but load balancers are told
+    // to stop sending new connections (kube-proxy counts ready endpoints only).
+    let mut draining = plan("p2", &["10.244.1.20"]);
+    draining.spec.overlay[0].local_terminating = true;
+    agent.api.put_plan(&draining);
+    let (code, body) = eventually_http(address, "/", |code, _| code == 503).await;
+    assert_eq!(code, 503);
+    assert_eq!(body["localEndpoints"], 0);
+    assert_eq!(agent.dataplane.next_sync().await.0.service_ports.len(), 2);
+
+    agent.api.put_plan(&plan("p2b", &[]));
+    let (code, body) = eventually_http(address, "/healthz", |code, body| {
+        code == 503 && body["localEndpoints"] == 0
+    })
+    .await;
     assert_eq!(code, 503);
     assert_eq!(body["localEndpoints"], 0);
     assert_eq!(body["service"]["name"], "lb");
@@ -687,72 +704,159 @@ async fn health_check_node_port_answers_with_the_local_endpoint_count() {
     agent.stop().await;
 }
 
-/// /metrics uses kube-proxy's names; a change stamped by the controller two seconds ago
-/// shows in the network programming latency.
+/// /healthz fails while the node plan says the node is leaving (being deleted, or tainted
+/// by the cluster autoscaler) so that load balancers drain it; /livez does not, so the
+/// agent is not restarted; both carry kube-proxy's fields.
+#[tokio::test]
+async fn healthz_follows_node_eligibility_and_livez_does_not() {
+    let hc_port = free_port();
+    let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
+    agent.first_sync().await;
+    let (code, body) = eventually_http(agent.healthz, "/healthz", |code, _| code == 200).await;
+    assert_eq!(code, 200);
+    assert_eq!(body["nodeEligible"], true);
+    assert_eq!(body["healthy"], true);
+    assert_eq!(body["status"]["IPv4"]["healthy"], true);
+
+    let mut leaving = plan("p2", &["10.244.1.20"]);
+    leaving.spec.ineligible = Some("the Node is being deleted".to_owned());
+    agent.api.put_plan(&leaving);
+    let (code, body) = eventually_http(agent.healthz, "/healthz", |code, _| code == 503).await;
+    assert_eq!(code, 503);
+    assert_eq!(body["nodeEligible"], false);
+    assert_eq!(body["healthy"], true);
+    let (code, body) = eventually_http(agent.healthz, "/livez", |_, _| true).await;
+    assert_eq!(code, 200);
+    assert!(body.get("nodeEligible").is_none(), "{body}");
+    // The health-check node ports answer as before: kube-proxy leaves eligibility out.
+    let address: SocketAddr = ([127, 0, 0, 1], hc_port).into();
+    let (code, _) = eventually_http(address, "/", |code, _| code == 200).await;
+    assert_eq!(code, 200);
+
+    agent.api.put_plan(&plan("p3", &["10.244.1.20"]));
+    eventually_http(agent.healthz, "/healthz", |code, _| code == 200).await;
+    agent.stop().await;
+}
+
+/// /metrics uses kube-proxy's names and labels; an EndpointSlice change triggered 300 ms
+/// before it reaches the agent (its time carried by the Service plan, as the controller annotates it)
+/// shows in the network programming latency, and a Service-only change does not.
 #[tokio::test]
 async fn metrics_use_kube_proxy_names() {
+    const V4: &str = "{ip_family=\"IPv4\"}";
+    let count = |text: &str| {
+        metric_value(
+            text,
+            &format!("kubeproxy_network_programming_duration_seconds_count{V4}"),
+        )
+    };
     let hc_port = free_port();
     let mut agent = start(settings(), |api| put_cluster(api, hc_port)).await;
     agent.first_sync().await;
     let mut text = agent.metrics().await;
+    let syncs = format!("kubeproxy_sync_proxy_rules_duration_seconds_count{V4}");
     for _ in 0..100 {
-        if metric_value(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0 {
+        if text.contains(&syncs) && metric_value(&text, &syncs) >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         text = agent.metrics().await;
     }
+    assert_eq!(metric_value(&text, &syncs), 1.0);
     assert_eq!(
-        metric_value(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count"),
-        1.0
+        metric_value(
+            &text,
+            &format!("kubeproxy_sync_full_proxy_rules_duration_seconds_count{V4}")
+        ),
+        1.0,
+        "the first sync is a full one"
     );
-    assert!(metric_value(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
+    assert!(
+        metric_value(
+            &text,
+            &format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{V4}")
+        ) > 1.7e9
+    );
     assert_eq!(
         metric_value(&text, "proxyplan_agent_rules{mode=\"iptables\"}"),
         24.0
     );
-    assert_eq!(
-        metric_value(
-            &text,
-            "kubeproxy_network_programming_duration_seconds_count"
-        ),
-        0.0,
+    assert!(
+        !text.contains("kubeproxy_network_programming_duration_seconds_count"),
         "the initial list is not a change"
     );
 
+    // Changes made before the agent started are not measured (as in kube-proxy): this one
+    // is triggered after, and reaches the agent 300 ms later.
+    let triggered = k8s_openapi::jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut service = web("web-2", &["10.244.1.10"]);
-    let written =
-        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
-    service.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-        manager: Some("proxyplan-controller".to_owned()),
-        operation: Some("Apply".to_owned()),
-        time: Some(Time(written)),
-        ..ManagedFieldsEntry::default()
-    }]);
+    service.metadata.annotations = Some(
+        [(
+            proxyplan_crds::TRIGGER_TIME_ANNOTATION.to_owned(),
+            triggered.to_string(),
+        )]
+        .into(),
+    );
     agent.api.put_service(&service);
     agent.dataplane.next_sync().await;
     // The loop records the latency right after the dataplane returns: wait for it.
     let mut text = agent.metrics().await;
     for _ in 0..100 {
-        if metric_value(
-            &text,
-            "kubeproxy_network_programming_duration_seconds_count",
-        ) >= 1.0
+        if text.contains("kubeproxy_network_programming_duration_seconds_count")
+            && count(&text) >= 1.0
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         text = agent.metrics().await;
     }
+    assert_eq!(count(&text), 1.0);
+    let latency = metric_value(
+        &text,
+        &format!("kubeproxy_network_programming_duration_seconds_sum{V4}"),
+    );
+    assert!((0.3..10.0).contains(&latency), "{latency}");
+    assert_eq!(
+        metric_value(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        1.0
+    );
     assert_eq!(
         metric_value(
             &text,
-            "kubeproxy_network_programming_duration_seconds_count"
+            &format!("kubeproxy_sync_partial_proxy_rules_duration_seconds_count{V4}")
         ),
         1.0
     );
-    let latency = metric_value(&text, "kubeproxy_network_programming_duration_seconds_sum");
-    assert!((2.0..10.0).contains(&latency), "{latency}");
+
+    // The same object rewritten for a Service change keeps its trigger time: not measured
+    // again, counted as a Service change (the initial lists counted as some too).
+    let services_before = metric_value(&text, "kubeproxy_sync_proxy_rules_service_changes_total");
+    service.spec.service_ports[0].port = 8081;
+    service.spec.revision = "web-3".to_owned();
+    agent.api.put_service(&service);
+    agent.dataplane.next_sync().await;
+    let mut text = agent.metrics().await;
+    for _ in 0..100 {
+        if metric_value(&text, "kubeproxy_sync_proxy_rules_service_changes_total") > services_before
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = agent.metrics().await;
+    }
+    assert_eq!(count(&text), 1.0);
+    assert_eq!(
+        metric_value(&text, "kubeproxy_sync_proxy_rules_service_changes_total"),
+        services_before + 1.0
+    );
+    let (code, _) = http_get(agent.healthz, "/healthz").await.unwrap();
+    assert_eq!(code, 200);
+    let text = agent.metrics().await;
+    assert_eq!(
+        metric_value(&text, "kubeproxy_proxy_healthz_total{code=\"200\"}"),
+        1.0
+    );
     agent.stop().await;
 }
 

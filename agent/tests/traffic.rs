@@ -254,6 +254,31 @@ fn clusterip_keeps_pod_source_and_masquerades_off_cluster_clients() {
     assert_eq!(sources(&from_node, "r1/8080"), only(NODE_TO_REMOTE_V4));
 }
 
+/// `--detect-local-mode=InterfaceNamePrefix` (CNIs whose pods are not inside one CIDR):
+/// traffic that arrives on a pod interface (here `pa1`, `pa2`, prefix `pa`) is in-cluster
+/// and keeps its source; the rest is masqueraded, as with a CIDR.
+#[test]
+fn interface_prefix_detection_keeps_pod_sources() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Tcp, 8080);
+    let mut dp = lab.dataplane();
+    let web = service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]);
+    let mut plan = plan(vec![web]);
+    plan.local_traffic = proxyplan_crds::LocalTrafficDetection {
+        mode: proxyplan_crds::LocalTrafficMode::InterfaceNamePrefix,
+        cidrs: Vec::new(),
+        interface: Some("pa".to_owned()),
+    };
+    sync(&mut dp, &plan);
+    let want = ["a1/8080"];
+    let from_pod = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
+    assert_eq!(sources(&from_pod, "a1/8080"), only("10.244.1.11"));
+    let from_ext = tcp_until_all(&lab.client("ext"), "10.96.0.10", 80, &want);
+    assert_eq!(sources(&from_ext, "a1/8080"), only(NODE_POD_GW_V4));
+}
+
 /// `masqueradeAll`: even pod traffic to the cluster IP is masqueraded.
 #[test]
 fn masquerade_all_masquerades_pod_traffic() {
@@ -955,6 +980,66 @@ fn udp_flows_follow_endpoint_changes_at_once() {
     assert!(report.conntrack_deleted >= least, "{report:?}");
     assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a2/5353"));
     assert_eq!(early().udp("10.96.0.54", 53).backend(), Some("a1/5353"));
+}
+
+/// kube-proxy's conntrack clean-up keeps UDP flows to endpoints that still serve: a pod
+/// that starts terminating (it leaves the list new flows go to, and stays serving) keeps
+/// its live flow; once it stops serving, the flow moves to a serving endpoint.
+#[test]
+fn udp_flows_to_a_terminating_endpoint_last_until_it_stops_serving() {
+    let Some(lab) = Lab::new(&["a1", "a2"]) else {
+        return;
+    };
+    lab.serve("a1", Family::V4, Listener::Udp, 5353);
+    lab.serve("a2", Family::V4, Listener::Udp, 5353);
+    let dns = |eps: &[&str], also: &[&str]| {
+        let mut entry = udp(service("dns", "10.96.0.53", 53, eps));
+        entry.also_serving = also
+            .iter()
+            .map(|e| {
+                let (ip, port) = e.split_once(':').expect("ip:port");
+                proxyplan_crds::Endpoint {
+                    ip: ip.to_owned(),
+                    port: port.parse().expect("port"),
+                }
+            })
+            .collect();
+        entry
+    };
+    let mut dp = lab.dataplane();
+    let flow = lab.client("ext").source_port(40010);
+    sync(&mut dp, &plan(vec![dns(&["10.244.1.10:5353"], &[])]));
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a1/5353"));
+
+    // a1 terminates, a2 is ready: new flows go to a2, the live one stays on a1.
+    let report = dp
+        .sync(
+            &plan(vec![dns(&["10.244.1.11:5353"], &["10.244.1.10:5353"])]),
+            false,
+        )
+        .expect("sync");
+    assert_eq!(report.conntrack_deleted, 0, "{report:?}");
+    // In ipvs mode, as in kube-proxy's, a UDP real server that leaves the list is deleted
+    // at once (no graceful termination for UDP), and IPVS expires its connections
+    // (net.ipv4.vs.expire_nodest_conn=1): the live flow moves with the first datagram.
+    let live = if ipvs() { "a2/5353" } else { "a1/5353" };
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some(live));
+    assert_eq!(
+        lab.client("ext")
+            .source_port(40011)
+            .udp("10.96.0.53", 53)
+            .backend(),
+        Some("a2/5353")
+    );
+
+    // a1 no longer serves: its flow is cut and the next datagram reaches a2.
+    let report = dp
+        .sync(&plan(vec![dns(&["10.244.1.11:5353"], &[])]), false)
+        .expect("sync");
+    if !ipvs() {
+        assert!(report.conntrack_deleted >= 1, "{report:?}");
+    }
+    assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a2/5353"));
 }
 
 /// Cleanup leaves both families' `iptables-save` as they were before the agent came,

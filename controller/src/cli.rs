@@ -44,10 +44,20 @@ struct PolicyArgs {
     /// Masquerade all traffic sent to service VIPs.
     #[arg(long)]
     masquerade_all: bool,
-    /// How traffic from inside the cluster is recognised: by the cluster CIDRs or by each
-    /// node's pod CIDRs.
+    /// How traffic from inside the cluster is recognised (kube-proxy's
+    /// --detect-local-mode): by source in the cluster CIDRs, in each node's pod CIDRs, by
+    /// arrival on the pods' bridge (--pod-bridge-interface), or on interfaces whose name
+    /// starts with a prefix (--pod-interface-name-prefix; for CNIs whose pods are not
+    /// inside one CIDR).
     #[arg(long, value_enum, default_value = "ClusterCIDR")]
     detect_local_mode: DetectLocalMode,
+    /// The pods' bridge, for --detect-local-mode=BridgeInterface.
+    #[arg(long, value_name = "NAME")]
+    pod_bridge_interface: Option<String>,
+    /// The prefix of the pods' interface names, for
+    /// --detect-local-mode=InterfaceNamePrefix.
+    #[arg(long, value_name = "PREFIX")]
+    pod_interface_name_prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -56,6 +66,10 @@ enum DetectLocalMode {
     ClusterCidr,
     #[value(name = "NodeCIDR")]
     NodeCidr,
+    #[value(name = "BridgeInterface")]
+    BridgeInterface,
+    #[value(name = "InterfaceNamePrefix")]
+    InterfaceNamePrefix,
 }
 
 impl PolicyArgs {
@@ -64,12 +78,21 @@ impl PolicyArgs {
             cluster_cidrs,
             masquerade_all,
             detect_local_mode,
+            pod_bridge_interface,
+            pod_interface_name_prefix,
         } = self;
         let mode = match detect_local_mode {
             DetectLocalMode::ClusterCidr => LocalTrafficMode::ClusterCIDR,
             DetectLocalMode::NodeCidr => LocalTrafficMode::NodeCIDR,
+            DetectLocalMode::BridgeInterface => LocalTrafficMode::BridgeInterface,
+            DetectLocalMode::InterfaceNamePrefix => LocalTrafficMode::InterfaceNamePrefix,
         };
-        Ok(PlannerConfig::new(cluster_cidrs, *masquerade_all, mode)?)
+        Ok(
+            PlannerConfig::new(cluster_cidrs, *masquerade_all, mode)?.with_local_interface(
+                pod_bridge_interface.clone(),
+                pod_interface_name_prefix.clone(),
+            )?,
+        )
     }
 }
 

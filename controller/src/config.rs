@@ -13,6 +13,9 @@ pub struct PlannerConfig {
     pub masquerade_all: bool,
     /// How nodes tell in-cluster from off-cluster traffic.
     pub detect_local_mode: LocalTrafficMode,
+    /// The pods' bridge (`BridgeInterface`) or their interfaces' name prefix
+    /// (`InterfaceNamePrefix`).
+    pub local_interface: Option<String>,
 }
 
 /// A configuration value that cannot be used.
@@ -24,6 +27,12 @@ pub enum ConfigError {
     /// Two cluster CIDRs of one family.
     #[error("--cluster-cidr: at most one CIDR per IP family, got {0:?}")]
     TooManyCidrs(Vec<String>),
+    /// An interface-based detection mode without its interface.
+    #[error("--detect-local-mode={0}: needs {1}")]
+    MissingInterface(&'static str, &'static str),
+    /// A malformed interface name or prefix.
+    #[error("{0}: {1:?} is not an interface name (1 to 15 of A-Z a-z 0-9 _ . -)")]
+    BadInterface(&'static str, String),
 }
 
 impl Default for PlannerConfig {
@@ -32,6 +41,7 @@ impl Default for PlannerConfig {
             cluster_cidrs: Vec::new(),
             masquerade_all: false,
             detect_local_mode: LocalTrafficMode::ClusterCIDR,
+            local_interface: None,
         }
     }
 }
@@ -60,7 +70,42 @@ impl PlannerConfig {
             cluster_cidrs: cidrs,
             masquerade_all,
             detect_local_mode,
+            local_interface: None,
         })
+    }
+
+    /// Sets the interface of the interface-based detection modes: the pods' bridge
+    /// (`--pod-bridge-interface`) or their interfaces' name prefix
+    /// (`--pod-interface-name-prefix`), as the mode needs.
+    ///
+    /// # Errors
+    /// When the mode needs the interface and it is missing, or it is malformed.
+    pub fn with_local_interface(
+        mut self,
+        bridge: Option<String>,
+        prefix: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let (flag, value) = match self.detect_local_mode {
+            LocalTrafficMode::BridgeInterface => ("--pod-bridge-interface", bridge),
+            LocalTrafficMode::InterfaceNamePrefix => ("--pod-interface-name-prefix", prefix),
+            LocalTrafficMode::ClusterCIDR | LocalTrafficMode::NodeCIDR => return Ok(self),
+        };
+        let mode = if self.detect_local_mode == LocalTrafficMode::BridgeInterface {
+            "BridgeInterface"
+        } else {
+            "InterfaceNamePrefix"
+        };
+        let name = value.ok_or(ConfigError::MissingInterface(mode, flag))?;
+        let valid = !name.is_empty()
+            && name.len() <= 15
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            return Err(ConfigError::BadInterface(flag, name));
+        }
+        self.local_interface = Some(name);
+        Ok(self)
     }
 
     /// Whether nodes can tell in-cluster traffic of `family` from off-cluster traffic.
@@ -69,7 +114,9 @@ impl PlannerConfig {
     #[must_use]
     pub fn detects_local_traffic(&self, family: IpFamily) -> bool {
         match self.detect_local_mode {
-            LocalTrafficMode::NodeCIDR => true,
+            LocalTrafficMode::NodeCIDR
+            | LocalTrafficMode::BridgeInterface
+            | LocalTrafficMode::InterfaceNamePrefix => true,
             LocalTrafficMode::ClusterCIDR => self
                 .cluster_cidrs
                 .iter()

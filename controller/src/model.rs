@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
 use proxyplan_crds::{IpFamily, LoadBalancerIpMode, Protocol};
 
 /// Label that hands a Service to another proxy.
@@ -19,6 +20,11 @@ pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Label holding a node's zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// When the change an EndpointSlice carries was triggered (set by the EndpointSlice
+/// controller).
+pub const SLICE_TRIGGER_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// The taint the cluster autoscaler puts on a node it is about to remove.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 /// Session affinity timeout when the Service does not set one.
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 
@@ -135,6 +141,8 @@ pub struct SliceModel {
     pub ports: Vec<(String, Protocol, u16)>,
     /// Endpoints with a usable address.
     pub endpoints: Vec<EndpointModel>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`, when set and readable.
+    pub trigger: Option<Timestamp>,
 }
 
 /// One endpoint of a slice.
@@ -169,6 +177,9 @@ pub struct NodeModel {
     pub pod_cidrs: Vec<String>,
     /// InternalIP and ExternalIP addresses.
     pub addresses: Vec<IpAddr>,
+    /// Why load balancers should leave the node (being deleted, or tainted for removal
+    /// by the cluster autoscaler).
+    pub ineligible: Option<String>,
 }
 
 /// The family of an address.
@@ -603,7 +614,15 @@ impl SliceModel {
                     .collect(),
             });
         }
+        // kube-proxy reads an unparsable time as none.
+        let trigger = slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SLICE_TRIGGER_ANNOTATION))
+            .and_then(|t| t.parse::<Timestamp>().ok());
         Ok(Self {
+            trigger,
             service: ServiceKey {
                 namespace: own.namespace,
                 name: service.clone(),
@@ -650,7 +669,20 @@ impl NodeModel {
             .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
             .filter_map(|a| a.address.parse().ok())
             .collect();
+        let ineligible = if node.metadata.deletion_timestamp.is_some() {
+            Some("the Node is being deleted (metadata.deletionTimestamp is set)".to_owned())
+        } else if spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT))
+        {
+            Some(format!(
+                "the Node has the {TO_BE_DELETED_TAINT} taint (the cluster autoscaler is removing it)"
+            ))
+        } else {
+            None
+        };
         Ok(Self {
+            ineligible,
             uid: node.metadata.uid.clone(),
             zone: node
                 .metadata

@@ -10,9 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use proxyplan_crds::{
     LocalTrafficDetection, LocalTrafficMode, MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan,
-    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec, revision_of,
+    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec,
+    TRIGGER_TIME_ANNOTATION, revision_of,
 };
 
 use crate::config::PlannerConfig;
@@ -163,6 +165,12 @@ pub struct Planner {
     parts: HashMap<ServiceKey, u32>,
     node_members: HashMap<String, BTreeSet<ServiceKey>>,
     dirty: BTreeSet<ObjectId>,
+    /// The newest EndpointSlice trigger time behind each Service's plan, and behind each
+    /// node plan's overlay (annotated on the objects for the agents' latency metric).
+    triggers: HashMap<ServiceKey, Timestamp>,
+    node_triggers: HashMap<String, Timestamp>,
+    /// The ranges of each ServiceCIDR object, normalised.
+    service_cidrs: BTreeMap<String, Vec<String>>,
 }
 
 impl Planner {
@@ -179,6 +187,9 @@ impl Planner {
             parts: HashMap::new(),
             node_members: HashMap::new(),
             dirty: BTreeSet::new(),
+            triggers: HashMap::new(),
+            node_triggers: HashMap::new(),
+            service_cidrs: BTreeMap::new(),
         }
     }
 
@@ -353,9 +364,61 @@ impl Planner {
         Ok(())
     }
 
+    /// Adds or updates a ServiceCIDR object's ranges. Every node plan carries the union,
+    /// so a change rewrites them all (ServiceCIDRs change about never).
+    ///
+    /// # Errors
+    /// [`ObjectError::Invalid`] naming the malformed range; the object's last good ranges
+    /// stay.
+    pub fn apply_service_cidr(&mut self, name: &str, ranges: &[String]) -> Result<(), ObjectError> {
+        let mut normalised = Vec::with_capacity(ranges.len());
+        for (i, range) in ranges.iter().enumerate() {
+            let (ip, len) =
+                crate::model::parse_cidr(range).map_err(|reason| ObjectError::Invalid {
+                    kind: "ServiceCIDR",
+                    object: name.to_owned(),
+                    field: format!("spec.cidrs[{i}]"),
+                    reason,
+                })?;
+            normalised.push(format!("{ip}/{len}"));
+        }
+        let before = self.service_cidr_union();
+        self.service_cidrs.insert(name.to_owned(), normalised);
+        self.service_cidrs_changed(&before);
+        Ok(())
+    }
+
+    /// Removes a ServiceCIDR object.
+    pub fn delete_service_cidr(&mut self, name: &str) {
+        let before = self.service_cidr_union();
+        self.service_cidrs.remove(name);
+        self.service_cidrs_changed(&before);
+    }
+
+    /// Removes every ServiceCIDR object not in `keep`.
+    pub fn retain_service_cidrs(&mut self, keep: &[String]) {
+        let before = self.service_cidr_union();
+        self.service_cidrs.retain(|name, _| keep.contains(name));
+        self.service_cidrs_changed(&before);
+    }
+
+    /// Every Service CIDR of the cluster, sorted, once each.
+    fn service_cidr_union(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self.service_cidrs.values().flatten().collect();
+        set.into_iter().cloned().collect()
+    }
+
+    fn service_cidrs_changed(&mut self, before: &[String]) {
+        if self.service_cidr_union() != before {
+            let nodes: Vec<String> = self.nodes.keys().cloned().collect();
+            self.dirty.extend(nodes.into_iter().map(ObjectId::Plan));
+        }
+    }
+
     /// Removes a Node (its plan is deleted).
     pub fn delete_node(&mut self, name: &str) {
         if self.nodes.remove(name).is_some() {
+            self.node_triggers.remove(name);
             self.dirty.insert(ObjectId::Plan(name.to_owned()));
         }
     }
@@ -432,10 +495,29 @@ impl Planner {
             }
             return;
         }
+        let trigger = self
+            .slices
+            .get(key)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|s| s.trigger)
+            .max();
+        match trigger {
+            Some(t) if !new.entries.is_empty() => {
+                self.triggers.insert(key.clone(), t);
+            }
+            _ => {
+                self.triggers.remove(key);
+            }
+        }
         if old.entries != new.entries || old.owner != new.owner {
             self.dirty.insert(ObjectId::Service(key.clone(), 0));
         }
         for node in changed_keys(&old.node_overrides, &new.node_overrides) {
+            if let Some(t) = trigger {
+                let slot = self.node_triggers.entry(node.clone()).or_insert(t);
+                *slot = (*slot).max(t);
+            }
             update_membership(
                 &mut self.node_members,
                 &node,
@@ -588,13 +670,20 @@ impl Planner {
                 cidrs: match self.config.detect_local_mode {
                     LocalTrafficMode::ClusterCIDR => self.config.cluster_cidrs.clone(),
                     LocalTrafficMode::NodeCIDR => node.pod_cidrs.clone(),
+                    LocalTrafficMode::BridgeInterface | LocalTrafficMode::InterfaceNamePrefix => {
+                        Vec::new()
+                    }
                 },
+                interface: self.config.local_interface.clone(),
             },
             overlay,
+            ineligible: node.ineligible.clone(),
+            service_cidrs: self.service_cidr_union(),
         };
         spec.revision = revision_of(&spec);
         let mut plan = NodeProxyPlan::new(&node.name, spec);
         plan.metadata = managed_meta(&node.name, None);
+        annotate_trigger(&mut plan.metadata, self.node_triggers.get(&node.name));
         plan.metadata.owner_references = node.uid.as_ref().map(|uid| {
             vec![OwnerReference {
                 api_version: "v1".to_owned(),
@@ -626,6 +715,7 @@ impl Planner {
                 let mut object = ServiceProxyPlan::new(&id.name(), spec);
                 object.metadata = managed_meta(&id.name(), Some(&key.name));
                 object.metadata.namespace = Some(key.namespace.clone());
+                annotate_trigger(&mut object.metadata, self.triggers.get(key));
                 object.metadata.owner_references = output.owner.as_ref().map(|uid| {
                     vec![OwnerReference {
                         api_version: "v1".to_owned(),
@@ -650,6 +740,16 @@ fn managed_meta(name: &str, service: Option<&str>) -> ObjectMeta {
         name: Some(name.to_owned()),
         labels: Some(labels),
         ..ObjectMeta::default()
+    }
+}
+
+/// Records on an object the EndpointSlice change behind it.
+fn annotate_trigger(meta: &mut ObjectMeta, trigger: Option<&Timestamp>) {
+    if let Some(t) = trigger {
+        meta.annotations = Some(BTreeMap::from([(
+            TRIGGER_TIME_ANNOTATION.to_owned(),
+            t.to_string(),
+        )]));
     }
 }
 

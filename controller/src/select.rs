@@ -269,9 +269,15 @@ fn plan_port(
             .map(|timeout_seconds| SessionAffinity { timeout_seconds }),
         internal: traffic(svc.internal_local),
         external: externally_accessible.then(|| traffic(external_local)),
+        also_serving: if port.protocol == Protocol::UDP {
+            also_serving(candidates, &cluster_endpoints)
+        } else {
+            Vec::new()
+        },
         cluster_endpoints: cluster_endpoints.clone(),
         zone_endpoints: Vec::new(),
         local_endpoints: Vec::new(),
+        local_terminating: false,
         masquerade: MasqueradePlan {
             all: config.masquerade_all,
             off_cluster_to_cluster_ip: detect_local,
@@ -290,6 +296,17 @@ fn plan_port(
     if uses_local {
         local_overrides(&key, candidates, out);
     }
+}
+
+/// The serving endpoints not in `listed`: those whose UDP flows conntrack cleanup keeps
+/// although they take no new traffic here.
+fn also_serving(candidates: &[Candidate<'_>], listed: &[Endpoint]) -> Vec<Endpoint> {
+    let listed: std::collections::HashSet<&Endpoint> = listed.iter().collect();
+    candidates
+        .iter()
+        .filter(|c| c.model.serving && !listed.contains(&c.endpoint))
+        .map(|c| c.endpoint.clone())
+        .collect()
 }
 
 /// Zone lists (returned, sorted by zone) and node overrides of `clusterEndpoints` from
@@ -359,18 +376,18 @@ fn local_overrides(key: &str, candidates: &[Candidate<'_>], out: &mut ServiceOut
                 .collect()
         };
         let mut list = pick(&|m| m.ready);
-        if list.is_empty() {
+        let terminating = list.is_empty();
+        if terminating {
             list = pick(&|m| m.serving && m.terminating);
         }
         if list.is_empty() {
             continue;
         }
-        push_override(
-            out.node_overrides.entry(node.to_owned()).or_default(),
-            key,
-            None,
-            Some(list),
-        );
+        let overrides = out.node_overrides.entry(node.to_owned()).or_default();
+        push_override(overrides, key, None, Some(list));
+        if let Some(o) = overrides.iter_mut().find(|o| o.key == key) {
+            o.local_terminating = terminating;
+        }
     }
 }
 
@@ -393,5 +410,6 @@ fn push_override(
         key: key.to_owned(),
         cluster_endpoints: cluster,
         local_endpoints: local,
+        local_terminating: false,
     });
 }

@@ -43,12 +43,14 @@ pub fn fit_entry(entry: &mut ServicePortPlan) -> Option<String> {
 fn lists(entry: &mut ServicePortPlan) -> impl Iterator<Item = &mut Vec<Endpoint>> {
     std::iter::once(&mut entry.cluster_endpoints)
         .chain(std::iter::once(&mut entry.local_endpoints))
+        .chain(std::iter::once(&mut entry.also_serving))
         .chain(entry.zone_endpoints.iter_mut().map(|z| &mut z.endpoints))
 }
 
 fn endpoint_count(entry: &ServicePortPlan) -> usize {
     entry.cluster_endpoints.len()
         + entry.local_endpoints.len()
+        + entry.also_serving.len()
         + entry
             .zone_endpoints
             .iter()
@@ -141,6 +143,8 @@ mod tests {
                 local_host_to_external: false,
                 hairpin: true,
             },
+            local_terminating: false,
+            also_serving: Vec::new(),
         }
     }
 

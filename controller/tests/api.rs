@@ -1122,7 +1122,8 @@ fn ok<K: kube::Resource>(object: K) -> Lenient<K> {
     Lenient::decoded(meta, object)
 }
 
-/// The initial list of every watch: the cluster, and no plans or Service plans yet.
+/// The initial list of every watch: the cluster, and no plans, Service plans or
+/// ServiceCIDRs yet.
 fn initial_lists() -> Vec<Input> {
     vec![
         Input::Service(Event::Init),
@@ -1139,6 +1140,8 @@ fn initial_lists() -> Vec<Input> {
         Input::Plan(Event::InitDone),
         Input::ServicePlan(Event::Init),
         Input::ServicePlan(Event::InitDone),
+        Input::ServiceCidr(Event::Init),
+        Input::ServiceCidr(Event::InitDone),
     ]
 }
 
@@ -1194,11 +1197,32 @@ async fn sync_loop_writes_nothing_before_every_watch_listed() {
     for input in lists.into_iter().take(last) {
         sync.handle(input);
     }
-    assert!(!sync.synced(), "the Service plan watch has not listed yet");
+    assert!(!sync.synced(), "the ServiceCIDR watch has not listed yet");
     sync.set_leader(true);
     scenario(sync.sync(), api.expect_quiet()).await;
     drop(sync);
     api.expect_closed().await;
+}
+
+/// An API server without ServiceCIDRs (before 1.33) answers their list with 404: that
+/// watch counts as listed, empty, and nothing waits for it.
+#[tokio::test]
+async fn an_api_server_without_service_cidrs_does_not_hold_up_writes() {
+    let (client, _api) = ApiServerVerifier::new();
+    let mut sync = sync_loop(client);
+    let lists = initial_lists();
+    let last = lists.len() - 2;
+    for input in lists.into_iter().take(last) {
+        sync.handle(input);
+    }
+    assert!(!sync.synced());
+    sync.handle(Input::WatchError(
+        "ServiceCIDR",
+        "failed to perform initial object list: ApiError: the server could not find the \
+         requested resource: NotFound (ErrorResponse { status: \"Failure\", code: 404 })"
+            .to_owned(),
+    ));
+    assert!(sync.synced());
 }
 
 /// The loop as `run` drives it: synced but follower, it writes nothing; leading, it

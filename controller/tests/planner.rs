@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use proxyplan_controller::config::ConfigError;
 use proxyplan_controller::model::ObjectError;
-use proxyplan_controller::{ObjectId, Planner, PlannerConfig};
+use proxyplan_controller::{DesiredObject, ObjectId, Planner, PlannerConfig};
 use proxyplan_crds::{
     Endpoint, IpFamily, LoadBalancerIp, LoadBalancerIpMode, LocalTrafficMode, MasqueradePlan,
     Protocol, SessionAffinity, TrafficPlan,
@@ -847,6 +847,52 @@ fn udp_endpoints_appearing_and_leaving_are_visible_to_the_agent() {
 }
 
 #[test]
+fn udp_entries_carry_the_serving_endpoints_they_do_not_list() {
+    // kube-proxy's conntrack clean-up keeps UDP flows to every serving endpoint, whatever
+    // the policy, topology or terminating state (`conntrack/cleanup.go`): the agent needs
+    // the serving endpoints the entry does not list.
+    let slice = |name, service, protocol| {
+        mk_slice(
+            name,
+            service,
+            "IPv4",
+            &[("dns", protocol, 53)],
+            vec![
+                ep("10.0.0.1").on("node-a"),
+                ep("10.0.0.2").on("node-b").terminating(),
+                ep("10.0.0.3").on("node-b").terminating_not_serving(),
+                ep("10.0.0.4").on("node-c").not_ready(),
+            ],
+        )
+    };
+    let udp_svc = mk_service("dns", &["10.96.0.53"], vec![udp("dns", 53)]);
+    let tcp_svc = mk_service("dnt", &["10.96.0.54"], vec![tcp("dns", 53)]);
+    let local_svc = mk_service("dnl", &["10.96.0.55"], vec![udp("dns", 53)]).itp("Local");
+    let p = cluster(
+        &[udp_svc, tcp_svc, local_svc],
+        &[
+            slice("dns-1", "dns", "UDP"),
+            slice("dnt-1", "dnt", "TCP"),
+            slice("dnl-1", "dnl", "UDP"),
+        ],
+    );
+    let merged = view(&p, "node-c");
+    let dns = entry(&merged, "default/dns:dns/UDP/IPv4");
+    assert_eq!(dns.cluster_endpoints, eps(&[("10.0.0.1", 53)]));
+    assert_eq!(dns.also_serving, eps(&[("10.0.0.2", 53)]));
+    assert!(
+        entry(&merged, "default/dnt:dns/TCP/IPv4")
+            .also_serving
+            .is_empty(),
+        "TCP flows are not cleaned up"
+    );
+    // Internal Local policy only: no cluster list at all, so every serving endpoint.
+    let dnl = entry(&merged, "default/dnl:dns/UDP/IPv4");
+    assert!(dnl.cluster_endpoints.is_empty());
+    assert_eq!(dnl.also_serving, eps(&[("10.0.0.1", 53), ("10.0.0.2", 53)]));
+}
+
+#[test]
 fn dual_stack_has_one_entry_per_family() {
     let svc = mk_service(
         "web",
@@ -1123,6 +1169,26 @@ fn health_check_node_port() {
     );
     assert_eq!(entry(&view(&p, "node-a"), WEB).local_endpoints.len(), 1);
     assert_eq!(entry(&view(&p, "node-b"), WEB).local_endpoints.len(), 0);
+
+    // Only terminating endpoints on node-a: they still take traffic there, but they are
+    // marked so that the health check counts none (kube-proxy counts ready endpoints).
+    let p = cluster(
+        &[lb().etp("Local")],
+        &[web_slice(
+            "web-1",
+            vec![
+                ep("10.0.0.1").on("node-a").terminating(),
+                ep("10.0.0.2").on("node-b"),
+                ep("10.0.0.3").on("node-b").terminating(),
+            ],
+        )],
+    );
+    let a = view(&p, "node-a");
+    assert_eq!(entry(&a, WEB).local_endpoints, eps(&[("10.0.0.1", 8080)]));
+    assert!(entry(&a, WEB).local_terminating);
+    let b = view(&p, "node-b");
+    assert_eq!(entry(&b, WEB).local_endpoints, eps(&[("10.0.0.2", 8080)]));
+    assert!(!entry(&b, WEB).local_terminating);
 }
 
 #[test]
@@ -1595,6 +1661,42 @@ fn local_traffic_detection_in_the_node_plan() {
         let addresses: Vec<String> = merged.addresses.iter().map(ToString::to_string).collect();
         assert_eq!(addresses, [node_ip("node-a"), "198.51.100.1".to_owned()]);
     }
+
+    // kube-proxy's interface modes, for CNIs whose pods are not inside one CIDR.
+    for (mode, bridge, prefix, want) in [
+        (
+            LocalTrafficMode::BridgeInterface,
+            Some("cni0"),
+            None,
+            "cni0",
+        ),
+        (
+            LocalTrafficMode::InterfaceNamePrefix,
+            None,
+            Some("veth"),
+            "veth",
+        ),
+    ] {
+        let config = PlannerConfig::new(&[], false, mode)
+            .and_then(|c| c.with_local_interface(bridge.map(Into::into), prefix.map(Into::into)))
+            .unwrap_or_else(|err| panic!("refused: {err}"));
+        assert!(config.detects_local_traffic(proxyplan_crds::IpFamily::IPv6));
+        let mut p = Planner::new(config);
+        load(&mut p, &[node()], &[], &[]);
+        let merged = view(&p, "node-a");
+        assert_eq!(merged.local_traffic.mode, mode);
+        assert!(merged.local_traffic.cidrs.is_empty());
+        assert_eq!(merged.local_traffic.interface.as_deref(), Some(want));
+    }
+    let missing = PlannerConfig::new(&[], false, LocalTrafficMode::BridgeInterface)
+        .and_then(|c| c.with_local_interface(None, Some("veth".into())));
+    assert_eq!(
+        missing.map(|_| ()).map_err(|e| e.to_string()),
+        Err("--detect-local-mode=BridgeInterface: needs --pod-bridge-interface".to_owned())
+    );
+    let bad = PlannerConfig::new(&[], false, LocalTrafficMode::InterfaceNamePrefix)
+        .and_then(|c| c.with_local_interface(None, Some("veth\n-j ACCEPT".into())));
+    assert!(bad.is_err());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1645,6 +1747,161 @@ fn node_changing_zone_changes_its_plan_and_the_zone_list_it_merges() {
     assert_eq!(
         entry(&merged, WEB).cluster_endpoints,
         eps(&[("10.0.1.1", 8080), ("10.0.2.1", 8080)])
+    );
+}
+
+#[test]
+fn a_node_being_removed_is_not_eligible_for_load_balancer_traffic() {
+    // kube-proxy's /healthz fails for such a node (`healthcheck/proxy_health.go`), so
+    // cloud load balancers drain it before it goes.
+    let ineligible = |node: Node| {
+        let mut p = planner();
+        load(&mut p, &[node], &[], &[]);
+        let (plan, _) = p.node_view("node-a").expect("plan");
+        plan.spec.ineligible
+    };
+    assert_eq!(ineligible(mk_node("node-a")), None);
+    let deleting = ineligible(mk_node("node-a").deleting()).expect("ineligible");
+    assert!(deleting.contains("deletionTimestamp"), "{deleting}");
+    let tainted =
+        ineligible(mk_node("node-a").taint("ToBeDeletedByClusterAutoscaler")).expect("ineligible");
+    assert!(
+        tainted.contains("ToBeDeletedByClusterAutoscaler"),
+        "{tainted}"
+    );
+    assert_eq!(ineligible(mk_node("node-a").taint("other")), None);
+
+    // The taint arriving rewrites the node plan.
+    let mut p = planner();
+    load(&mut p, &[mk_node("node-a")], &[], &[]);
+    drain(&mut p);
+    load(
+        &mut p,
+        &[mk_node("node-a").taint("ToBeDeletedByClusterAutoscaler")],
+        &[],
+        &[],
+    );
+    assert_eq!(touched(&p.take_changes()), set(&["plan/node-a"]));
+}
+
+#[test]
+fn plans_carry_the_endpoint_slice_trigger_time() {
+    // kube-proxy measures network programming latency from the EndpointSlice's
+    // `endpoints.kubernetes.io/last-change-trigger-time`; the plans carry it to the agent.
+    const ANNOTATION: &str = "proxyplan.dev/last-change-trigger-time";
+    let trigger = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .cloned()
+    };
+    let svc = web_node_port().etp("Local");
+    let slice = |time: &str, node: &str| {
+        web_slice("web-1", vec![ep("10.0.0.1").on(node)]).triggered_at(time)
+    };
+    let mut p = cluster(
+        std::slice::from_ref(&svc),
+        &[slice("2026-11-25T10:00:00.123456789Z", "node-a")],
+    );
+    let (plan, services) = p.node_view("node-a").expect("plan");
+    assert_eq!(
+        trigger(&services[0].metadata).as_deref(),
+        Some("2026-11-25T10:00:00.123456789Z")
+    );
+    assert_eq!(
+        trigger(&plan.metadata).as_deref(),
+        Some("2026-11-25T10:00:00.123456789Z"),
+        "the node with the local endpoint"
+    );
+    drain(&mut p);
+
+    // The endpoint moves: both node plans are rewritten, and say when that was triggered.
+    load(
+        &mut p,
+        &[],
+        &[],
+        &[slice("2026-11-25T10:00:05.5Z", "node-b")],
+    );
+    let changes = p.take_changes();
+    assert_eq!(
+        touched(&changes),
+        set(&["plan/node-a", "plan/node-b"]),
+        "a Local endpoint move rewrites the two nodes only"
+    );
+    for object in &changes.apply {
+        let meta = match object {
+            DesiredObject::Plan(p) => &p.metadata,
+            DesiredObject::Service(s) => &s.metadata,
+        };
+        assert_eq!(
+            trigger(meta).as_deref(),
+            Some("2026-11-25T10:00:05.5Z"),
+            "{}",
+            object.name()
+        );
+    }
+
+    // A change of the Service alone keeps the slice's time (the agent measures each time
+    // once: kube-proxy does not measure Service changes).
+    load(
+        &mut p,
+        &[],
+        &[svc.clone().external_ips(&["203.0.113.7"])],
+        &[],
+    );
+    let changes = p.take_changes();
+    assert_eq!(touched(&changes), set(&["service/default/web"]));
+    let DesiredObject::Service(written) = &changes.apply[0] else {
+        panic!("the Service plan");
+    };
+    assert_eq!(
+        trigger(&written.metadata).as_deref(),
+        Some("2026-11-25T10:00:05.5Z")
+    );
+
+    // An unreadable time is no time, as in kube-proxy.
+    let p = cluster(&[svc], &[slice("not a time", "node-a")]);
+    let (plan, services) = p.node_view("node-a").expect("plan");
+    assert_eq!(trigger(&services[0].metadata), None);
+    assert_eq!(trigger(&plan.metadata), None);
+}
+
+#[test]
+fn node_plans_carry_the_clusters_service_cidrs() {
+    // kube-proxy's nftables mode drops traffic to unallocated Service IPs of the
+    // ServiceCIDRs it watches; every node plan carries their union.
+    let mut p = planner();
+    load(&mut p, &[mk_node("node-a"), mk_node("node-b")], &[], &[]);
+    drain(&mut p);
+    let cidrs = |p: &Planner| p.node_view("node-a").expect("plan").0.spec.service_cidrs;
+    assert!(cidrs(&p).is_empty());
+    p.apply_service_cidr(
+        "kubernetes",
+        &["10.96.0.0/12".into(), "fd00:10:96::/108".into()],
+    )
+    .expect("valid");
+    assert_eq!(
+        touched(&p.take_changes()),
+        set(&["plan/node-a", "plan/node-b"])
+    );
+    p.apply_service_cidr("extra", &["10.96.0.0/12".into(), "10.100.0.5/16".into()])
+        .expect("valid");
+    assert_eq!(
+        cidrs(&p),
+        ["10.100.0.0/16", "10.96.0.0/12", "fd00:10:96::/108"],
+        "the union, normalised"
+    );
+    drain(&mut p);
+    let err = p
+        .apply_service_cidr("bad", &["10.0.0.0/33".into()])
+        .expect_err("refused");
+    assert!(err.to_string().contains("spec.cidrs[0]"), "{err}");
+    assert!(p.take_changes().is_empty(), "nothing changed");
+    p.delete_service_cidr("extra");
+    assert_eq!(cidrs(&p), ["10.96.0.0/12", "fd00:10:96::/108"]);
+    assert_eq!(
+        touched(&p.take_changes()),
+        set(&["plan/node-a", "plan/node-b"])
     );
 }
 
@@ -1857,8 +2114,9 @@ fn local_policy_endpoint_move_writes_only_the_nodes_involved() {
     assert_eq!(entry(&view(&p, "node-b"), WEB).local_endpoints, eps(&[E2]));
 
     // node-b's pod starts terminating while node-c's is ready: the cluster list loses it,
-    // node-b's local list keeps it (local fallback to serving-terminating), so only the
-    // shared entry changes.
+    // node-b's local list keeps it (local fallback to serving-terminating) but is now
+    // marked terminating (its health check counts none), so the shared entry and node-b
+    // change.
     load(
         &mut p,
         &[],
@@ -1871,10 +2129,11 @@ fn local_policy_endpoint_move_writes_only_the_nodes_involved() {
             ],
         )],
     );
-    assert_eq!(touched(&p.take_changes()), set(&[&shard]));
+    assert_eq!(touched(&p.take_changes()), set(&[&shard, "plan/node-b"]));
     let merged = view(&p, "node-b");
     assert_eq!(entry(&merged, WEB).cluster_endpoints, eps(&[E3]));
     assert_eq!(entry(&merged, WEB).local_endpoints, eps(&[E2]));
+    assert!(entry(&merged, WEB).local_terminating);
 }
 
 /// A zone-hinted endpoint change writes the Service's own plan (whose zone lists carry

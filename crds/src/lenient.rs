@@ -211,7 +211,7 @@ pub fn keep_keys(object: &mut Value, path: &[&str], keep: &[&str]) {
 /// newer agent's) is dropped rather than refusing the plan.
 impl Projection for crate::NodeProxyPlan {
     fn project(object: Value) -> Value {
-        let mut object = keep_fields_and_meta(object, &["spec", "status"], &["managedFields"]);
+        let mut object = keep_fields_and_meta(object, &["spec", "status"], &[]);
         let readable = object
             .get("status")
             .is_none_or(|status| crate::NodeProxyPlanStatus::deserialize(status).is_ok());
@@ -222,10 +222,11 @@ impl Projection for crate::NodeProxyPlan {
     }
 }
 
-/// The agent reads a Service plan's spec, and when it was written.
+/// The agent reads a Service plan's spec (and its annotations: when the EndpointSlice
+/// change behind it was triggered).
 impl Projection for crate::ServiceProxyPlan {
     fn project(object: Value) -> Value {
-        keep_fields_and_meta(object, &["spec"], &["managedFields"])
+        keep_fields_and_meta(object, &["spec"], &[])
     }
 }
 
@@ -261,6 +262,13 @@ impl Projection for k8s_openapi::api::core::v1::Node {
         }
         keep_keys(&mut object, &["status"], &["addresses"]);
         object
+    }
+}
+
+/// The controller reads a ServiceCIDR's ranges.
+impl Projection for k8s_openapi::api::networking::v1::ServiceCIDR {
+    fn project(object: Value) -> Value {
+        keep_fields(object, &["spec"])
     }
 }
 

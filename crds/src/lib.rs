@@ -53,6 +53,11 @@ pub const MAX_LOAD_BALANCER_IPS: usize = 256;
 pub const MAX_SOURCE_RANGES: usize = 1_024;
 /// Most zone lists of one entry.
 pub const MAX_ZONES: usize = 256;
+/// Annotation on a plan object the controller wrote because EndpointSlices changed: the
+/// newest `endpoints.kubernetes.io/last-change-trigger-time` of the Service's slices
+/// (RFC 3339 with nanoseconds), the start of kube-proxy's
+/// `network_programming_duration_seconds`.
+pub const TRIGGER_TIME_ANNOTATION: &str = "proxyplan.dev/last-change-trigger-time";
 /// Largest serialized `ServiceProxyPlan` the controller writes: a Service whose entries
 /// do not fit in one is spread over several (etcd refuses objects over 1.5 MiB; this
 /// keeps every object well under 1 MiB with its metadata).
@@ -108,6 +113,26 @@ pub struct NodeProxyPlanSpec {
     /// hints). Sorted by key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overlay: Vec<EndpointOverride>,
+    /// The cluster's Service IP ranges (its `ServiceCIDR` objects): traffic to an address
+    /// in them that no Service holds is dropped, and to a Service's cluster IP on a port
+    /// it does not serve rejected, as kube-proxy's nftables mode does.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "serviceCIDRs"
+    )]
+    #[schemars(
+        length(max = 16),
+        inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
+    )]
+    pub service_cidrs: Vec<String>,
+    /// Why load balancers should stop sending this node new traffic, when they should:
+    /// the Node is being deleted, or carries the `ToBeDeletedByClusterAutoscaler` taint.
+    /// The agent's `/healthz` then fails (kube-proxy's `nodeEligible: false`); `/livez`
+    /// does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub ineligible: Option<String>,
 }
 
 /// How the agent tells in-cluster traffic from off-cluster traffic.
@@ -124,15 +149,24 @@ pub struct LocalTrafficDetection {
         inner(regex(pattern = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"))
     )]
     pub cidrs: Vec<String>,
+    /// `BridgeInterface`: traffic arriving on this interface is in-cluster;
+    /// `InterfaceNamePrefix`: traffic arriving on any interface whose name starts with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15), regex(pattern = r"^[A-Za-z0-9_.-]+$"))]
+    pub interface: Option<String>,
 }
 
-/// Source of the local-traffic CIDRs (kube-proxy's `--detect-local-mode`).
+/// How in-cluster traffic is told apart (kube-proxy's `--detect-local-mode`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum LocalTrafficMode {
-    /// The cluster CIDRs given to the controller.
+    /// Sources in the cluster CIDRs given to the controller.
     ClusterCIDR,
-    /// This node's pod CIDRs.
+    /// Sources in this node's pod CIDRs.
     NodeCIDR,
+    /// Packets arriving on the pods' bridge (`interface`).
+    BridgeInterface,
+    /// Packets arriving on an interface whose name starts with `interface` (pod veths).
+    InterfaceNamePrefix,
 }
 
 /// Status written by the node's agent.
@@ -261,8 +295,25 @@ pub struct ServicePortPlan {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32768))]
     pub local_endpoints: Vec<Endpoint>,
+    /// Set by a node overlay: `localEndpoints` are serving-and-terminating endpoints (no
+    /// local endpoint is ready). They still take traffic, but the health check node port
+    /// counts only ready ones, so load balancers stop sending new connections here.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub local_terminating: bool,
+    /// UDP entries only: the serving endpoints not in `clusterEndpoints` (terminating
+    /// ones, or all when `clusterEndpoints` is not used). Conntrack entries to any
+    /// serving endpoint are kept, as kube-proxy keeps them: a ready → terminating
+    /// transition, a topology or a Local-list change does not cut live UDP flows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32768))]
+    pub also_serving: Vec<Endpoint>,
     /// When to masquerade.
     pub masquerade: MasqueradePlan,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// The cluster endpoints of one entry for the nodes of one zone.
@@ -408,6 +459,9 @@ pub struct EndpointOverride {
     /// Replacement `localEndpoints` (this node's endpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_endpoints: Option<Vec<Endpoint>>,
+    /// The replacement `localEndpoints` are serving-and-terminating ones: none is ready.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub local_terminating: bool,
 }
 
 impl ServicePortPlan {

@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::{
-    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, NodeProxyPlan, SERVICE_LABEL,
-    ServicePortPlan, ServiceProxyPlan,
+    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode, NodeProxyPlan,
+    Protocol, SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
 };
 
 /// Why a plan, or one Service's plan, cannot be used. Names the object and the field.
@@ -63,6 +63,8 @@ pub struct MergedPlan {
     pub addresses: Vec<IpAddr>,
     /// Local-traffic detection.
     pub local_traffic: LocalTrafficDetection,
+    /// The cluster's Service CIDRs (empty when unknown).
+    pub service_cidrs: Vec<String>,
     /// Every service port entry, zone lists and overlays applied, sorted by key. Shared:
     /// an entry that did not change since an earlier merge with the same [`MergeCache`]
     /// is the same allocation.
@@ -448,12 +450,24 @@ fn in_zone(base: &[Arc<ServicePortPlan>], zone: Option<&str>) -> Vec<Arc<Service
             let chosen = zone.and_then(|z| entry.zone_endpoints.iter().position(|l| l.zone == z));
             if let Some(at) = chosen {
                 let list = entry.zone_endpoints.swap_remove(at);
-                entry.cluster_endpoints = list.endpoints;
+                replace_cluster_endpoints(&mut entry, list.endpoints);
             }
             entry.zone_endpoints = Vec::new();
             Arc::new(entry)
         })
         .collect()
+}
+
+/// Gives `entry` the cluster endpoints a node's zone or node hints select. A UDP entry
+/// keeps the endpoints it no longer lists in `alsoServing`: they still serve, and their
+/// conntrack entries stay (kube-proxy ignores topology when it cleans up UDP flows).
+fn replace_cluster_endpoints(entry: &mut ServicePortPlan, list: Vec<Endpoint>) {
+    let old = std::mem::replace(&mut entry.cluster_endpoints, list);
+    if entry.protocol == Protocol::UDP {
+        let kept: HashSet<&Endpoint> = entry.cluster_endpoints.iter().collect();
+        let dropped: Vec<Endpoint> = old.into_iter().filter(|e| !kept.contains(e)).collect();
+        entry.also_serving.extend(dropped);
+    }
 }
 
 /// The Service a plan object is for: its `proxyplan.dev/service` label, else its name
@@ -583,6 +597,34 @@ fn check_plan(plan: &NodeProxyPlan, check: &Checker<'_>) -> Result<Vec<IpAddr>, 
     }
     for (i, cidr) in spec.local_traffic.cidrs.iter().enumerate() {
         check.cidr(&|| format!("spec.localTraffic.cidrs[{i}]"), cidr, None)?;
+    }
+    let by_interface = matches!(
+        spec.local_traffic.mode,
+        LocalTrafficMode::BridgeInterface | LocalTrafficMode::InterfaceNamePrefix
+    );
+    match &spec.local_traffic.interface {
+        Some(name)
+            if name.is_empty()
+                || name.len() > 15
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) =>
+        {
+            return Err(check.fail(
+                &"spec.localTraffic.interface",
+                &format!("{name:?} is not an interface name (1 to 15 of A-Z a-z 0-9 _ . -)"),
+            ));
+        }
+        None if by_interface => {
+            return Err(check.fail(
+                &"spec.localTraffic.interface",
+                &format!("missing: mode {:?} needs it", spec.local_traffic.mode),
+            ));
+        }
+        _ => {}
+    }
+    for (i, cidr) in spec.service_cidrs.iter().enumerate() {
+        check.cidr(&|| format!("spec.serviceCIDRs[{i}]"), cidr, None)?;
     }
     let mut addresses = Vec::with_capacity(spec.addresses.len());
     for (i, address) in spec.addresses.iter().enumerate() {
@@ -766,6 +808,7 @@ fn finish(
         services_fingerprint,
         addresses,
         local_traffic: spec.local_traffic.clone(),
+        service_cidrs: spec.service_cidrs.clone(),
         service_ports: merged,
         refused,
         unmatched,
@@ -865,10 +908,11 @@ fn apply_override(
     // Copied only now: the cached entry stays as its object has it.
     let entry = Arc::make_mut(entry);
     if let Some(list) = &o.cluster_endpoints {
-        entry.cluster_endpoints.clone_from(list);
+        replace_cluster_endpoints(entry, list.clone());
     }
     if let Some(list) = &o.local_endpoints {
         entry.local_endpoints.clone_from(list);
+        entry.local_terminating = o.local_terminating;
     }
     Ok(())
 }
@@ -1134,6 +1178,7 @@ impl Checker<'_> {
                 e.family,
             )?;
         }
+        self.endpoints(&at("alsoServing"), &e.also_serving, e.family)?;
         self.endpoints(&at("localEndpoints"), &e.local_endpoints, e.family)
     }
 }

@@ -49,6 +49,8 @@ fn entry(service: &str, port: &str, cluster_ip: &str, eps: Vec<Endpoint>) -> Ser
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 
@@ -64,8 +66,11 @@ fn plan(zone: Option<&str>, overlay: Vec<EndpointOverride>) -> NodeProxyPlan {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec![],
+                interface: None,
             },
             overlay,
+            ineligible: None,
+            service_cidrs: Vec::new(),
         },
     )
 }
@@ -120,6 +125,7 @@ fn node_overlay_wins_over_the_zone_list_over_the_entry() {
         key: KEY.into(),
         cluster_endpoints: None,
         local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
+        local_terminating: false,
     }];
     let m = merged(&plan(Some("z1"), overlay.clone()), &objects).expect("valid");
     let e = &m.service_ports[0];
@@ -136,12 +142,96 @@ fn node_overlay_wins_over_the_zone_list_over_the_entry() {
         key: KEY.into(),
         cluster_endpoints: Some(vec![ep("10.0.0.1", 80)]),
         local_endpoints: None,
+        local_terminating: false,
     }];
     let m = merged(&plan(Some("z1"), hinted), &objects).expect("valid");
     assert_eq!(
         m.service_ports[0].cluster_endpoints,
         vec![ep("10.0.0.1", 80)]
     );
+}
+
+#[test]
+fn a_udp_entry_keeps_the_endpoints_its_zone_or_node_leaves_out_as_serving() {
+    // Conntrack clean-up ignores topology (kube-proxy's `conntrack/cleanup.go`): the
+    // endpoints a zone or node list leaves out still serve, and their UDP flows stay.
+    let mut dns = entry(
+        "dns",
+        "dns",
+        "10.96.0.53",
+        vec![ep("10.0.0.1", 53), ep("10.0.0.2", 53), ep("10.0.0.3", 53)],
+    );
+    dns.key = "default/dns:dns/UDP/IPv4".into();
+    dns.protocol = Protocol::UDP;
+    dns.also_serving = vec![ep("10.0.0.4", 53)];
+    dns.zone_endpoints = vec![ZoneEndpoints {
+        zone: "z1".into(),
+        endpoints: vec![ep("10.0.0.1", 53), ep("10.0.0.2", 53)],
+    }];
+    let tcp = {
+        let mut e = dns.clone();
+        e.key = "default/dns:dns/TCP/IPv4".into();
+        e.protocol = Protocol::TCP;
+        e.also_serving = vec![];
+        e
+    };
+    let objects = [service("dns", vec![tcp, dns])];
+    let m = merged(&plan(Some("z1"), vec![]), &objects).expect("valid");
+    let udp = &m.service_ports[1];
+    assert_eq!(
+        udp.cluster_endpoints,
+        vec![ep("10.0.0.1", 53), ep("10.0.0.2", 53)]
+    );
+    assert_eq!(
+        udp.also_serving,
+        vec![ep("10.0.0.4", 53), ep("10.0.0.3", 53)]
+    );
+    assert!(
+        m.service_ports[0].also_serving.is_empty(),
+        "TCP: not needed"
+    );
+
+    let hinted = vec![EndpointOverride {
+        key: "default/dns:dns/UDP/IPv4".into(),
+        cluster_endpoints: Some(vec![ep("10.0.0.2", 53)]),
+        local_endpoints: None,
+        local_terminating: false,
+    }];
+    let m = merged(&plan(Some("z1"), hinted), &objects).expect("valid");
+    let udp = &m.service_ports[1];
+    assert_eq!(udp.cluster_endpoints, vec![ep("10.0.0.2", 53)]);
+    let mut serving = udp.also_serving.clone();
+    serving.sort();
+    assert_eq!(
+        serving,
+        vec![ep("10.0.0.1", 53), ep("10.0.0.3", 53), ep("10.0.0.4", 53)]
+    );
+}
+
+#[test]
+fn a_node_plan_with_a_bad_interface_or_service_cidr_is_refused() {
+    let mut p = plan(None, vec![]);
+    p.spec.local_traffic.mode = LocalTrafficMode::InterfaceNamePrefix;
+    let err = merged(&p, &[]).expect_err("no interface");
+    assert!(
+        err.to_string()
+            .contains("spec.localTraffic.interface: missing"),
+        "{err}"
+    );
+    p.spec.local_traffic.interface = Some("veth+ -j ACCEPT".into());
+    let err = merged(&p, &[]).expect_err("bad interface");
+    assert!(
+        err.to_string().contains("spec.localTraffic.interface"),
+        "{err}"
+    );
+    p.spec.local_traffic.interface = Some("veth".into());
+    p.spec.service_cidrs = vec!["10.96.0.0/12".into(), "10.96.0.0/99".into()];
+    let err = merged(&p, &[]).expect_err("bad CIDR");
+    assert!(err.to_string().contains("spec.serviceCIDRs[1]"), "{err}");
+    p.spec.service_cidrs.pop();
+    let m = merged(&p, &[]).expect("valid");
+    assert_eq!(m.service_cidrs, ["10.96.0.0/12"]);
+    assert_eq!(m.local_traffic.interface.as_deref(), Some("veth"));
 }
 
 #[test]
@@ -158,6 +248,7 @@ fn a_bad_node_plan_is_refused_whole() {
         key: "default/web:http/TCP/IPv4\n-A INPUT -j ACCEPT".into(),
         cluster_endpoints: None,
         local_endpoints: Some(vec![]),
+        local_terminating: false,
     }];
     let err = merged(&plan(None, bad_key), &[]).expect_err("bad key");
     assert!(
@@ -265,6 +356,7 @@ fn an_overlay_without_its_entry_is_left_out_and_named() {
         key: KEY.into(),
         cluster_endpoints: None,
         local_endpoints: Some(vec![ep("10.0.0.9", 80)]),
+        local_terminating: false,
     }];
     let m = merged(&plan(None, overlay), &[]).expect("valid");
     assert!(m.service_ports.is_empty());
@@ -337,6 +429,7 @@ fn merge_cached_shares_unchanged_entries_and_checks_changed_objects_again() {
         key: other.into(),
         cluster_endpoints: None,
         local_endpoints: Some(vec![ep("10.0.0.2", 80)]),
+        local_terminating: false,
     }];
     let p = plan(None, overlay);
     let mut cache = MergeCache::new();
@@ -548,6 +641,7 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
                 key: overlay_key.clone(),
                 cluster_endpoints: None,
                 local_endpoints: Some(vec![ep("10.0.0.5", 80)]),
+                local_terminating: false,
             })
             .into_iter()
             .collect();
@@ -603,6 +697,7 @@ fn an_unchanged_override_of_an_unchanged_entry_is_the_same_allocation() {
                 key: KEY.into(),
                 cluster_endpoints: Some(vec![ep("10.0.0.2", port)]),
                 local_endpoints: None,
+                local_terminating: false,
             }],
         );
         p.metadata.resource_version = Some(version.into());

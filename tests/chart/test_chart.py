@@ -128,6 +128,7 @@ class Defaults(unittest.TestCase):
             expand(
                 ("", ["services", "nodes"], READ),
                 ("discovery.k8s.io", ["endpointslices"], READ),
+                ("networking.k8s.io", ["servicecidrs"], READ),
                 (
                     "proxyplan.dev",
                     ["nodeproxyplans", "serviceproxyplans"],
@@ -215,7 +216,7 @@ class Defaults(unittest.TestCase):
 
     def test_ipvs_sysctls_init_container(self) -> None:
         pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
-        (init,) = pod["initContainers"]
+        (_, init) = pod["initContainers"]
         self.assertEqual(init["name"], "ipvs-sysctls")
         self.assertIs(init["securityContext"]["privileged"], True)
         script = init["command"][-1]
@@ -231,17 +232,61 @@ class Defaults(unittest.TestCase):
         strict = render({"agent": {"ipvs": {"strictARP": True, "scheduler": "mh",
                                             "excludeCIDRs": ["10.0.0.0/8", "fd00::/8"]}}})
         spec = find(strict, "DaemonSet")["spec"]["template"]["spec"]
-        self.assertIn("arp_ignore=1", spec["initContainers"][0]["command"][-1])
-        self.assertIn("ip_vs_mh", spec["initContainers"][0]["command"][-1])
+        self.assertIn("arp_ignore=1", spec["initContainers"][1]["command"][-1])
+        self.assertIn("ip_vs_mh", spec["initContainers"][1]["command"][-1])
         args = container(strict, "DaemonSet")["args"]
         for flag in ("--ipvs-strict-arp", "--ipvs-scheduler=mh",
                      "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/8"):
             self.assertIn(flag, args)
 
+    def test_ipvs_timeouts_and_conn_reuse_mode(self) -> None:
+        args = container(self.objects, "DaemonSet")["args"]
+        for flag in ("--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s",
+                     "--ipvs-udp-timeout=0s"):
+            self.assertIn(flag, args)
+        (init,) = [c for c in find(self.objects, "DaemonSet")["spec"]["template"]["spec"][
+            "initContainers"] if c["name"] == "ipvs-sysctls"]
+        script = init["command"][-1]
+        self.assertIn("4.[1-9]*|5.[0-8].*|5.[0-8]-*)", script)
+        self.assertIn("/proc/sys/net/ipv4/vs/conn_reuse_mode", script)
+        custom = render({"agent": {"ipvs": {"tcpTimeout": "1h", "tcpFinTimeout": "30s",
+                                            "udpTimeout": "5m"}}})
+        args = container(custom, "DaemonSet")["args"]
+        for flag in ("--ipvs-tcp-timeout=1h", "--ipvs-tcpfin-timeout=30s",
+                     "--ipvs-udp-timeout=5m"):
+            self.assertIn(flag, args)
+
+    def test_node_setup_init_container_sets_conntrack_sysctls(self) -> None:
+        pod = find(self.objects, "DaemonSet")["spec"]["template"]["spec"]
+        setup = pod["initContainers"][0]
+        self.assertEqual(setup["name"], "node-setup")
+        self.assertIs(setup["securityContext"]["privileged"], True)
+        self.assertEqual(setup["args"][0], "setup")
+        defaults = (
+            "--conntrack-max-per-core=32768",
+            "--conntrack-min=131072",
+            "--conntrack-tcp-timeout-established=24h",
+            "--conntrack-tcp-timeout-close-wait=1h",
+            "--conntrack-udp-timeout=0s",
+            "--conntrack-udp-timeout-stream=0s",
+        )
+        for flag in defaults:
+            self.assertIn(flag, setup["args"])
+            self.assertIn(flag, container(self.objects, "DaemonSet")["args"])
+        self.assertNotIn("--conntrack-tcp-be-liberal", setup["args"])
+        objects = render({"agent": {"mode": "iptables",
+                                    "iptables": {"localhostNodePorts": True},
+                                    "conntrack": {"tcpBeLiberal": True, "maxPerCore": 0}}})
+        setup = find(objects, "DaemonSet")["spec"]["template"]["spec"]["initContainers"][0]
+        for flag in ("--conntrack-tcp-be-liberal", "--iptables-localhost-nodeports",
+                     "--conntrack-max-per-core=0"):
+            self.assertIn(flag, setup["args"])
+            self.assertIn(flag, container(objects, "DaemonSet")["args"])
+
     def test_iptables_mode_has_no_ipvs_parts(self) -> None:
         objects = render({"agent": {"mode": "iptables"}})
         pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
-        self.assertNotIn("initContainers", pod)
+        self.assertEqual([c["name"] for c in pod["initContainers"]], ["node-setup"])
         args = container(objects, "DaemonSet")["args"]
         self.assertIn("--mode=iptables", args)
         self.assertFalse([a for a in args if a.startswith("--ipvs")])
@@ -390,6 +435,20 @@ class Overrides(unittest.TestCase):
         self.assertEqual(c["imagePullPolicy"], "Always")
         self.assertEqual(find(self.objects, "Deployment")["spec"]["replicas"], 3)
 
+    def test_interface_detection_flags(self) -> None:
+        args = container(
+            render({"controller": {"detectLocalMode": "InterfaceNamePrefix", "podInterfaceNamePrefix": "veth"}}),
+            "Deployment",
+        )["args"]
+        self.assertIn("--detect-local-mode=InterfaceNamePrefix", args)
+        self.assertIn("--pod-interface-name-prefix=veth", args)
+        self.assertFalse([a for a in args if a.startswith("--pod-bridge-interface")])
+        args = container(
+            render({"controller": {"detectLocalMode": "BridgeInterface", "podBridgeInterface": "cni0"}}),
+            "Deployment",
+        )["args"]
+        self.assertIn("--pod-bridge-interface=cni0", args)
+
     def test_agent_flags(self) -> None:
         c = container(self.objects, "DaemonSet")
         args = c["args"]
@@ -430,9 +489,12 @@ class Schema(unittest.TestCase):
             {"agent": {"mode": "userspace"}},
             {"agent": {"ipvs": {"interface": "a-name-far-too-long"}}},
             {"agent": {"ipvs": {"excludeCIDRs": ["10.0.0.1"]}}},
+            {"agent": {"ipvs": {"tcpTimeout": "500ms"}}},
             {"agent": {"iptablesBackend": "both"}},
             {"agent": {"masqueradeBit": 32}},
             {"controller": {"detectLocalMode": "Bridge"}},
+            {"controller": {"podBridgeInterface": "a/b"}},
+            {"controller": {"podInterfaceNamePrefix": "name-longer-than-15"}},
             {"controller": {"clusterShards": 64}},
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},
             {"controller": {"minSyncInterval": "soon"}},

@@ -245,6 +245,8 @@ pub fn hash_entry<H: Hasher>(hasher: &mut H, entry: &ServicePortPlan) {
         zone_endpoints,
         local_endpoints,
         masquerade,
+        local_terminating,
+        also_serving,
     } = entry;
     for text in [key, namespace, name, port_name, cluster_ip] {
         text_into(hasher, text);
@@ -282,6 +284,11 @@ pub fn hash_entry<H: Hasher>(hasher: &mut H, entry: &ServicePortPlan) {
     traffic_into(hasher, external.as_ref());
     endpoints_into(hasher, cluster_endpoints);
     endpoints_into(hasher, local_endpoints);
+    // Rules do not change with these, but conntrack clean-up and health checks do: an
+    // entry whose hash changed is looked at again (its chains are rewritten only when
+    // their rules differ).
+    hasher.write_u8(u8::from(*local_terminating));
+    endpoints_into(hasher, also_serving);
     hasher.write_usize(zone_endpoints.len());
     for zone in zone_endpoints {
         text_into(hasher, &zone.zone);
@@ -416,6 +423,8 @@ mod tests {
                 local_host_to_external: false,
                 hairpin: true,
             },
+            local_terminating: false,
+            also_serving: Vec::new(),
         };
         type Change = Box<dyn Fn(&mut ServicePortPlan)>;
         let variants: Vec<Change> = vec![

@@ -10,9 +10,11 @@
 
 pub mod diff;
 pub mod hash;
+pub mod local;
 pub mod names;
 pub mod rules;
 pub mod save;
 pub mod tables;
 
+pub use local::LocalMatch;
 pub use rules::{BaseJump, FamilyRules, REVISION_PREFIX, Ruleset, TableName, TableRules};

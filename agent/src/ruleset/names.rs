@@ -20,6 +20,8 @@ pub const EXTERNAL_SERVICES: &str = "PROXYPLAN-EXT-SERVICES";
 pub const FIREWALL: &str = "PROXYPLAN-FIREWALL";
 /// filter: accepts forwarded service traffic.
 pub const FORWARD: &str = "PROXYPLAN-FORWARD";
+/// filter: accepts health-check node ports (for nodes whose INPUT policy is DROP).
+pub const HEALTH_CHECKS: &str = "PROXYPLAN-HEALTH-CHECKS";
 /// An empty chain in each table whose disappearance means someone flushed our rules.
 pub const CANARY: &str = "PROXYPLAN-CANARY";
 

@@ -11,8 +11,8 @@ use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use proxyplan_crds::lenient::{DecodeError, Lenient};
 use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ServiceProxyPlan, merge_cached, merge_update,
-    object_key,
+    MergeCache, MergedPlan, NodeProxyPlan, PlanError, ServiceProxyPlan, TRIGGER_TIME_ANNOTATION,
+    merge_cached, merge_update, object_key,
 };
 
 /// What the current plan and Service plans amount to.
@@ -42,9 +42,9 @@ pub struct Change {
     /// The plan object is new (first seen, or deleted and created again): its status is
     /// not what the agent last wrote.
     pub new_object: bool,
-    /// When the change was made, from the object's `managedFields` (only for changes
-    /// seen as they happen, not for re-lists).
-    pub changed_at: Option<SystemTime>,
+    /// The EndpointSlice change behind this one, when the controller recorded it on the
+    /// object (only for changes seen as they happen, not for re-lists).
+    pub trigger: Option<SystemTime>,
 }
 
 /// Service plans by `namespace/name`, kept in one vector so a merge borrows them without
@@ -170,10 +170,14 @@ impl PlanCache {
                 change
             }
             Event::Apply(plan) => {
-                let changed_at = plan.object.as_ref().ok().map(|p| change_time(&p.metadata));
+                let trigger = plan
+                    .object
+                    .as_ref()
+                    .ok()
+                    .and_then(|p| trigger_time(&p.metadata));
                 let mut change = self.replace_plan(Some(plan));
                 if change.relevant {
-                    change.changed_at = changed_at;
+                    change.trigger = trigger;
                 }
                 change
             }
@@ -216,7 +220,7 @@ impl PlanCache {
         Change {
             relevant,
             new_object,
-            changed_at: None,
+            trigger: None,
         }
     }
 
@@ -239,16 +243,16 @@ impl PlanCache {
                 self.replace_services(listed)
             }
             Event::Apply(object) => {
-                let changed_at = object
+                let trigger = object
                     .object
                     .as_ref()
                     .ok()
-                    .map(|o| change_time(&o.metadata));
+                    .and_then(|o| trigger_time(&o.metadata));
                 let relevant = self.upsert(object);
                 Change {
                     relevant,
                     new_object: false,
-                    changed_at: relevant.then_some(changed_at).flatten(),
+                    trigger: relevant.then_some(trigger).flatten(),
                 }
             }
             Event::Delete(object) => {
@@ -410,28 +414,25 @@ fn blank_spec(name: &str) -> proxyplan_crds::NodeProxyPlanSpec {
         local_traffic: proxyplan_crds::LocalTrafficDetection {
             mode: proxyplan_crds::LocalTrafficMode::ClusterCIDR,
             cidrs: Vec::new(),
+            interface: None,
         },
         overlay: Vec::new(),
+        ineligible: None,
+        service_cidrs: Vec::new(),
     }
 }
 
-/// When an object's spec was last written: the latest `managedFields` time outside the
-/// status subresource, else now (the time the event arrived).
+/// When the EndpointSlice change behind a plan object was triggered, as the controller
+/// annotated it ([`TRIGGER_TIME_ANNOTATION`]); none when unset or unreadable.
 #[must_use]
-pub fn change_time(meta: &ObjectMeta) -> SystemTime {
-    meta.managed_fields
-        .iter()
-        .flatten()
-        .filter(|f| f.subresource.as_deref().is_none_or(str::is_empty))
-        .filter_map(|f| f.time.as_ref())
-        .map(|t| SystemTime::from(t.0))
-        .max()
-        .unwrap_or_else(SystemTime::now)
+pub fn trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
+    let text = meta.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION)?;
+    let at: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    Some(SystemTime::from(at))
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
     use proxyplan_crds::ServiceProxyPlanSpec;
 
     use super::*;
@@ -661,26 +662,16 @@ mod tests {
     }
 
     #[test]
-    fn change_time_is_the_latest_spec_write() {
-        let entry = |seconds: i64, subresource: Option<&str>| ManagedFieldsEntry {
-            time: Some(Time(
-                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + seconds).unwrap(),
-            )),
-            subresource: subresource.map(str::to_owned),
-            ..ManagedFieldsEntry::default()
-        };
-        let meta = ObjectMeta {
-            managed_fields: Some(vec![
-                entry(10, None),
-                entry(20, Some("")),
-                entry(99, Some("status")),
-            ]),
+    fn the_trigger_time_is_the_controllers_annotation() {
+        let meta = |value: &str| ObjectMeta {
+            annotations: Some([(TRIGGER_TIME_ANNOTATION.to_owned(), value.to_owned())].into()),
             ..ObjectMeta::default()
         };
-        let at = change_time(&meta);
         assert_eq!(
-            at,
-            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_020)
+            trigger_time(&meta("2023-11-14T22:13:20.25Z")),
+            Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_250))
         );
+        assert_eq!(trigger_time(&meta("yesterday")), None);
+        assert_eq!(trigger_time(&ObjectMeta::default()), None);
     }
 }

@@ -12,7 +12,6 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use proxyplan_crds::MergedPlan;
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -127,7 +126,11 @@ pub fn wanted_ports(plan: &MergedPlan) -> BTreeMap<u16, ServiceHealth> {
             );
             continue;
         }
-        addresses.extend(entry.local_endpoints.iter().map(|e| e.ip.as_str()));
+        // kube-proxy counts ready local endpoints only: a node whose local endpoints are
+        // all terminating still serves them, but tells load balancers to stop sending.
+        if !entry.local_terminating {
+            addresses.extend(entry.local_endpoints.iter().map(|e| e.ip.as_str()));
+        }
     }
     local
         .into_iter()
@@ -144,19 +147,15 @@ pub fn wanted_ports(plan: &MergedPlan) -> BTreeMap<u16, ServiceHealth> {
         .collect()
 }
 
-/// kube-proxy's health-check response body.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Payload<'a> {
-    service: PayloadService<'a>,
-    local_endpoints: usize,
-    service_proxy_healthy: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct PayloadService<'a> {
-    namespace: &'a str,
-    name: &'a str,
+/// kube-proxy's health-check response body, byte for byte: the same tab-indented lines
+/// (`pkg/proxy/healthcheck/service_health.go`).
+fn body(namespace: &str, name: &str, local_endpoints: usize, healthy: bool) -> String {
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
+    format!(
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": {},\n\t\t\"name\": {}\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": {healthy}\n}}",
+        quote(namespace),
+        quote(name),
+    )
 }
 
 #[derive(Clone)]
@@ -307,20 +306,17 @@ fn listen(ip: IpAddr, port: u16) -> std::io::Result<tokio::net::TcpListener> {
 async fn answer(State(state): State<PortState>) -> Response {
     let service = state.service.borrow().clone();
     let healthy = state.health.is_healthy();
-    let payload = Payload {
-        service: PayloadService {
-            namespace: &service.namespace,
-            name: &service.name,
-        },
-        local_endpoints: service.local_endpoints,
-        service_proxy_healthy: healthy,
-    };
     let status = if service.local_endpoints > 0 && healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = serde_json::to_string(&payload).unwrap_or_default();
+    let body = body(
+        &service.namespace,
+        &service.name,
+        service.local_endpoints,
+        healthy,
+    );
     let mut response = (status, body).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -387,6 +383,8 @@ mod tests {
                 local_host_to_external: true,
                 hairpin: true,
             },
+            local_terminating: false,
+            also_serving: Vec::new(),
         }
     }
 
@@ -401,8 +399,10 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: Vec::new(),
+                interface: None,
             },
             service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
+            service_cidrs: Vec::new(),
         }
     }
 
@@ -420,6 +420,28 @@ mod tests {
             .map(|(p, s)| (*p, s.name.as_str(), s.local_endpoints))
             .collect();
         assert_eq!(summary, [(31000, "web", 2), (31001, "api", 0)]);
+    }
+
+    #[test]
+    fn only_ready_local_endpoints_count() {
+        // Terminating local endpoints still take traffic (the plan lists them), but the
+        // load balancer must stop sending new connections: kube-proxy counts 0.
+        let mut draining = entry("web", "http", Some(31000), &["10.244.1.2"]);
+        draining.local_terminating = true;
+        let wanted = wanted_ports(&plan(vec![draining]));
+        assert_eq!(wanted[&31000].local_endpoints, 0);
+    }
+
+    #[test]
+    fn the_body_is_kube_proxys() {
+        assert_eq!(
+            body("default", "web", 2, true),
+            "{\n\t\"service\": {\n\t\t\"namespace\": \"default\",\n\t\t\"name\": \"web\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
+        );
+        let parsed: serde_json::Value =
+            serde_json::from_str(&body("a\"b", "web", 0, false)).expect("JSON");
+        assert_eq!(parsed["service"]["namespace"], "a\"b");
+        assert_eq!(parsed["serviceProxyHealthy"], false);
     }
 
     #[test]

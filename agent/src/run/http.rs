@@ -37,6 +37,13 @@ pub struct ModeLabels {
     pub mode: String,
 }
 
+/// Labels with an HTTP response code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// `200` or `503`.
+    pub code: String,
+}
+
 /// Labels with a result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -44,19 +51,63 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-/// The agent's metrics.
+/// Labels with an IP family, as kube-proxy 1.33+ labels its sync metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabels {
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+/// Labels of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    /// `internal` or `external`.
+    pub traffic_policy: String,
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+/// Histograms by IP family, each with kube-proxy's buckets for its name.
+pub type FamilyHistograms = Family<FamilyLabels, Histogram, fn() -> Histogram>;
+/// Timestamps by IP family.
+pub type FamilyTimestamps = Family<FamilyLabels, Gauge<f64, AtomicU64>>;
+
+/// The agent's metrics: kube-proxy's names, labels and buckets where the meaning is the
+/// same (the agent syncs both families at once, so a dual-stack node observes each sync
+/// once per family, as kube-proxy's two proxiers do), and `proxyplan_agent_*` for the
+/// rest.
 pub struct Metrics {
     registry: Registry,
-    /// `kubeproxy_sync_proxy_rules_duration_seconds`: duration of each dataplane sync.
-    pub sync_duration: Histogram,
-    /// `kubeproxy_network_programming_duration_seconds`: from a plan or shard change
-    /// (its `managedFields` time) to the kernel updated.
-    pub network_programming: Histogram,
-    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: when the last sync succeeded.
-    pub last_sync_timestamp: Gauge<f64, AtomicU64>,
-    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: when the last change
-    /// was queued.
-    pub last_queued_timestamp: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_sync_proxy_rules_duration_seconds{ip_family}`: every dataplane sync.
+    pub sync_duration: FamilyHistograms,
+    /// `kubeproxy_sync_full_proxy_rules_duration_seconds{ip_family}`: the first sync,
+    /// periodic resyncs and retries after a failure (the kernel is re-read).
+    pub full_sync_duration: FamilyHistograms,
+    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds{ip_family}`: syncs of changes.
+    pub partial_sync_duration: FamilyHistograms,
+    /// `kubeproxy_network_programming_duration_seconds{ip_family}`: from the EndpointSlice
+    /// change (`endpoints.kubernetes.io/last-change-trigger-time`, carried by the plans)
+    /// to the kernel updated; kube-proxy's buckets.
+    pub network_programming: FamilyHistograms,
+    /// `proxyplan_agent_network_programming_duration_seconds`: the same, with buckets
+    /// down to a millisecond.
+    pub network_programming_fine: Histogram,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family}`.
+    pub last_sync_timestamp: FamilyTimestamps,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family}`.
+    pub last_queued_timestamp: FamilyTimestamps,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`: plan changes caused by an
+    /// EndpointSlice change that wait for a sync.
+    pub endpoint_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    pub endpoint_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_service_changes_pending`: other plan changes waiting.
+    pub service_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_service_changes_total`.
+    pub service_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy,ip_family}`:
+    /// service ports with a Local policy, endpoints elsewhere and none on this node.
+    pub no_local_endpoints: Family<PolicyLabels, Gauge>,
     /// `proxyplan_agent_rules{mode}`: rules (or kernel objects) the kernel holds.
     pub rules: Family<ModeLabels, Gauge>,
     /// `proxyplan_agent_sync_errors_total{reason}`: failed syncs by error label.
@@ -69,6 +120,10 @@ pub struct Metrics {
     pub conntrack_deleted: Counter,
     /// `proxyplan_agent_status_writes_total{result}`.
     pub status_writes: Family<ResultLabels, Counter>,
+    /// `kubeproxy_proxy_healthz_total{code}`: `/healthz` requests.
+    pub healthz_requests: Family<CodeLabels, Counter>,
+    /// `kubeproxy_proxy_livez_total{code}`: `/livez` requests.
+    pub livez_requests: Family<CodeLabels, Counter>,
     /// `proxyplan_agent_service_ports`: service ports programmed.
     pub service_ports: Gauge,
     /// `proxyplan_agent_endpoints`: endpoints programmed.
@@ -78,92 +133,158 @@ pub struct Metrics {
     pub merge_duration: Histogram,
 }
 
+fn sync_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+fn programming_buckets() -> Histogram {
+    Histogram::new(kube_proxy_programming_buckets())
+}
+
 impl Metrics {
     /// Registers every metric.
     #[must_use]
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let histograms =
+            |f: fn() -> Histogram| -> FamilyHistograms { Family::new_with_constructor(f) };
         let metrics = Self {
-            // kube-proxy's buckets for both histograms.
-            sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            network_programming: Histogram::new(network_programming_buckets()),
-            last_sync_timestamp: Gauge::default(),
-            last_queued_timestamp: Gauge::default(),
+            sync_duration: histograms(sync_buckets),
+            full_sync_duration: histograms(sync_buckets),
+            partial_sync_duration: histograms(sync_buckets),
+            network_programming: histograms(programming_buckets),
+            network_programming_fine: Histogram::new(fine_programming_buckets()),
+            last_sync_timestamp: Family::default(),
+            last_queued_timestamp: Family::default(),
+            endpoint_changes_pending: Gauge::default(),
+            endpoint_changes_total: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            service_changes_total: Counter::default(),
+            no_local_endpoints: Family::default(),
             rules: Family::default(),
             sync_errors: Family::default(),
             invalid_plans: Family::default(),
             canary_missing: Counter::default(),
             conntrack_deleted: Counter::default(),
             status_writes: Family::default(),
+            healthz_requests: Family::default(),
+            livez_requests: Family::default(),
             service_ports: Gauge::default(),
             endpoints: Gauge::default(),
             merge_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             registry: Registry::default(),
         };
+        let m = &metrics;
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
-            metrics.sync_duration.clone(),
+            m.sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.full_sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.partial_sync_duration.clone(),
         );
         registry.register(
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",
-            metrics.network_programming.clone(),
+            m.network_programming.clone(),
         );
+        registry.register("proxyplan_agent_network_programming_duration_seconds", "From the EndpointSlice change to the kernel updated, with buckets down to a millisecond", m.network_programming_fine.clone());
         registry.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
-            metrics.last_sync_timestamp.clone(),
+            m.last_sync_timestamp.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
-            metrics.last_queued_timestamp.clone(),
+            m.last_queued_timestamp.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            m.endpoint_changes_total.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            m.service_changes_total.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints.clone(),
         );
         registry.register(
             "proxyplan_agent_rules",
             "Rules (or kernel objects) the kernel holds for the plan",
-            metrics.rules.clone(),
+            m.rules.clone(),
         );
         registry.register(
             "proxyplan_agent_sync_errors",
             "Failed dataplane syncs, by error",
-            metrics.sync_errors.clone(),
+            m.sync_errors.clone(),
         );
         registry.register(
             "proxyplan_agent_invalid_plans",
             "Plan revisions refused as invalid (the last good plan stays programmed)",
-            metrics.invalid_plans.clone(),
+            m.invalid_plans.clone(),
         );
         registry.register(
             "proxyplan_agent_canary_missing",
             "Periodic checks that found the agent's rules removed by someone else",
-            metrics.canary_missing.clone(),
+            m.canary_missing.clone(),
         );
         registry.register(
             "proxyplan_agent_conntrack_entries_deleted",
             "Stale UDP conntrack entries deleted",
-            metrics.conntrack_deleted.clone(),
+            m.conntrack_deleted.clone(),
         );
         registry.register(
             "proxyplan_agent_status_writes",
             "Status writes to the node's plan, by result",
-            metrics.status_writes.clone(),
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            m.healthz_requests.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            m.livez_requests.clone(),
         );
         registry.register(
             "proxyplan_agent_service_ports",
             "Service ports programmed",
-            metrics.service_ports.clone(),
+            m.service_ports.clone(),
         );
         registry.register(
             "proxyplan_agent_endpoints",
             "Endpoints programmed",
-            metrics.endpoints.clone(),
+            m.endpoints.clone(),
         );
         registry.register(
             "proxyplan_agent_merge_duration_seconds",
             "Time to validate and merge the node plan with the Service plans",
-            metrics.merge_duration.clone(),
+            m.merge_duration.clone(),
         );
         Self {
             registry,
@@ -180,6 +301,41 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a dataplane sync of `families` that took `elapsed`.
+    pub fn observe_sync(&self, families: &[&str], elapsed: Duration, full: bool) {
+        let seconds = elapsed.as_secs_f64();
+        let kind = if full {
+            &self.full_sync_duration
+        } else {
+            &self.partial_sync_duration
+        };
+        for family in families {
+            let labels = family_labels(family);
+            self.sync_duration.get_or_create(&labels).observe(seconds);
+            kind.get_or_create(&labels).observe(seconds);
+        }
+    }
+
+    /// Sets a timestamp gauge of `families` to `at`.
+    pub fn stamp(gauges: &FamilyTimestamps, families: &[&str], at: SystemTime) {
+        for family in families {
+            gauges
+                .get_or_create(&family_labels(family))
+                .set(unix_seconds(at));
+        }
+    }
+
+    /// Records one change's network programming latency, in each of `families`.
+    pub fn observe_programming(&self, families: &[&str], latency: Duration) {
+        let seconds = latency.as_secs_f64();
+        self.network_programming_fine.observe(seconds);
+        for family in families {
+            self.network_programming
+                .get_or_create(&family_labels(family))
+                .observe(seconds);
+        }
+    }
+
     /// The text exposition.
     #[must_use]
     pub fn encode(&self) -> String {
@@ -191,19 +347,34 @@ impl Metrics {
     }
 }
 
+fn family_labels(family: &str) -> FamilyLabels {
+    FamilyLabels {
+        ip_family: family.to_owned(),
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
 }
 
-/// kube-proxy's network programming buckets, with finer ones below 250 ms (this agent's
-/// budget for one change is 20 ms).
-fn network_programming_buckets() -> Vec<f64> {
-    let mut buckets = vec![0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5];
+/// kube-proxy's network programming buckets, exactly: a leading 0, then 0.25 and 0.5 s,
+/// every second to 59 s, every 5 s to 115 s, every 30 s to 300 s.
+fn kube_proxy_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.0, 0.25, 0.5];
     buckets.extend((1..60).map(f64::from));
     buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
     buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    buckets
+}
+
+/// Network programming buckets from a millisecond (this agent's budget for one change is
+/// 20 ms) to kube-proxy's largest.
+fn fine_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5];
+    buckets.extend((1..10).map(f64::from));
+    buckets.extend([15.0, 30.0, 60.0, 120.0, 300.0]);
     buckets
 }
 
@@ -218,6 +389,10 @@ pub fn unix_seconds(t: SystemTime) -> f64 {
 /// change has waited longer than the timeout (2 × sync period) without a successful
 /// sync. A plan that is refused or waits for shards is not a pending change: the kernel
 /// runs the last good plan and the plan's status says why.
+///
+/// `/healthz` also fails while the node is not eligible for load-balancer traffic (being
+/// deleted, or tainted for removal by the cluster autoscaler; the controller says so in
+/// the node plan); `/livez` does not.
 #[derive(Debug)]
 pub struct Health {
     timeout: Duration,
@@ -228,6 +403,8 @@ pub struct Health {
 struct HealthState {
     last_updated: Option<SystemTime>,
     pending_since: Option<Instant>,
+    ineligible: Option<String>,
+    families: Vec<&'static str>,
 }
 
 impl Health {
@@ -266,7 +443,17 @@ impl Health {
         self.queued();
     }
 
-    /// Whether `/healthz` answers 200.
+    /// Why the node should get no new load-balancer traffic, if it should not.
+    pub fn set_ineligible(&self, reason: Option<String>) {
+        self.state().ineligible = reason;
+    }
+
+    /// The IP families the node proxies (`IPv4`, `IPv6`), for the per-family status.
+    pub fn set_families(&self, families: Vec<&'static str>) {
+        self.state().families = families;
+    }
+
+    /// Whether syncs keep up (`/livez`, and the health-check node ports' view).
     #[must_use]
     pub fn is_healthy(&self) -> bool {
         self.state()
@@ -274,11 +461,67 @@ impl Health {
             .is_none_or(|since| since.elapsed() <= self.timeout)
     }
 
+    /// Why the node is not eligible for load-balancer traffic, if it is not.
+    #[must_use]
+    pub fn ineligible(&self) -> Option<String> {
+        self.state().ineligible.clone()
+    }
+
     /// When the last sync succeeded.
     #[must_use]
     pub fn last_updated(&self) -> Option<SystemTime> {
         self.state().last_updated
     }
+
+    /// kube-proxy's response: 200 or 503 and its JSON body (`/healthz` when `healthz`,
+    /// else `/livez`, which leaves out node eligibility).
+    #[must_use]
+    pub fn report(&self, healthz: bool) -> (bool, serde_json::Value) {
+        let healthy = self.is_healthy();
+        let (last_updated, ineligible, families) = {
+            let state = self.state();
+            (
+                state.last_updated,
+                state.ineligible.clone(),
+                state.families.clone(),
+            )
+        };
+        let eligible = ineligible.is_none();
+        let ok = healthy && (!healthz || eligible);
+        let now = SystemTime::now();
+        // kube-proxy reports "now" as the last update of a healthy proxy.
+        let shown = if ok { Some(now) } else { last_updated };
+        let families = if families.is_empty() {
+            vec!["IPv4"]
+        } else {
+            families
+        };
+        let status: serde_json::Map<String, serde_json::Value> = families
+            .into_iter()
+            .map(|family| {
+                (
+                    family.to_owned(),
+                    serde_json::json!({"lastUpdated": go_time(shown), "healthy": healthy}),
+                )
+            })
+            .collect();
+        let mut body = serde_json::Map::new();
+        body.insert("lastUpdated".to_owned(), go_time(shown).into());
+        body.insert("currentTime".to_owned(), go_time(Some(now)).into());
+        if healthz {
+            body.insert("nodeEligible".to_owned(), eligible.into());
+        }
+        body.insert("healthy".to_owned(), healthy.into());
+        body.insert("status".to_owned(), status.into());
+        (ok, serde_json::Value::Object(body))
+    }
+}
+
+/// A time as Go's JSON encoding writes it (RFC 3339 with nanoseconds; the zero time when
+/// there is none).
+fn go_time(t: Option<SystemTime>) -> String {
+    t.and_then(|t| Timestamp::try_from(t).ok())
+        .map_or_else(|| "0001-01-01T00:00:00Z".to_owned(), |t| t.to_string())
 }
 
 /// How often a listener whose port is taken tries again.
@@ -367,11 +610,11 @@ pub async fn serve(
 ) -> Result<(), RunError> {
     let metrics_routes = Router::new()
         .route("/metrics", get(metrics_handler))
-        .with_state(registry);
+        .with_state(registry.clone());
     let health_routes = Router::new()
         .route("/healthz", get(healthz_handler))
-        .route("/livez", get(healthz_handler))
-        .with_state(health);
+        .route("/livez", get(livez_handler))
+        .with_state((health, registry.clone()));
     let error = |what: &str, address| {
         let what = format!("{what} on {address}");
         move |source| RunError::Http { what, source }
@@ -411,21 +654,39 @@ async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoRespon
     )
 }
 
-async fn healthz_handler(State(health): State<Arc<Health>>) -> impl IntoResponse {
-    let status = if health.is_healthy() {
+type HealthRoute = State<(Arc<Health>, Arc<Metrics>)>;
+
+async fn healthz_handler(State((health, metrics)): HealthRoute) -> impl IntoResponse {
+    proxy_health(&health, &metrics.healthz_requests, true)
+}
+
+async fn livez_handler(State((health, metrics)): HealthRoute) -> impl IntoResponse {
+    proxy_health(&health, &metrics.livez_requests, false)
+}
+
+/// `/healthz` or `/livez`, counted by response code as kube-proxy counts them.
+fn proxy_health(
+    health: &Health,
+    requests: &Family<CodeLabels, Counter>,
+    healthz: bool,
+) -> impl IntoResponse + use<> {
+    let (ok, body) = health.report(healthz);
+    let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let time =
-        |t: SystemTime| Timestamp::try_from(t).map_or_else(|_| String::new(), |t| t.to_string());
-    let body = serde_json::json!({
-        "lastUpdated": health.last_updated().map(time).unwrap_or_default(),
-        "currentTime": time(SystemTime::now()),
-    });
+    requests
+        .get_or_create(&CodeLabels {
+            code: status.as_u16().to_string(),
+        })
+        .inc();
     (
         status,
-        [(header::CONTENT_TYPE, "application/json")],
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
         body.to_string(),
     )
 }
@@ -457,10 +718,46 @@ mod tests {
         assert!(health.is_healthy());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn healthz_fails_for_a_node_leaving_the_cluster_and_livez_does_not() {
+        let health = Health::new(Duration::from_secs(60));
+        health.set_families(vec!["IPv4", "IPv6"]);
+        health.updated();
+        let (ok, body) = health.report(true);
+        assert!(ok);
+        assert_eq!(body["nodeEligible"], true);
+        assert_eq!(body["healthy"], true);
+        assert_eq!(body["status"]["IPv6"]["healthy"], true);
+        assert_eq!(
+            body["lastUpdated"], body["currentTime"],
+            "now, when healthy"
+        );
+
+        health.set_ineligible(Some("the Node is being deleted".to_owned()));
+        let (ok, body) = health.report(true);
+        assert!(!ok, "/healthz fails: load balancers drain the node");
+        assert_eq!(body["nodeEligible"], false);
+        assert_eq!(body["healthy"], true, "syncs still keep up");
+        let (ok, body) = health.report(false);
+        assert!(ok, "/livez ignores eligibility: the agent is not restarted");
+        assert!(body.get("nodeEligible").is_none());
+
+        // A stuck sync fails both.
+        health.set_ineligible(None);
+        health.queued();
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(!health.report(true).0);
+        let (ok, body) = health.report(false);
+        assert!(!ok);
+        assert_eq!(body["healthy"], false);
+        assert_ne!(body["lastUpdated"], body["currentTime"]);
+    }
+
     #[test]
     fn metrics_carry_kube_proxy_names() {
         let metrics = Metrics::new();
-        metrics.sync_duration.observe(0.01);
+        metrics.observe_sync(&["IPv4", "IPv6"], Duration::from_millis(10), true);
+        metrics.observe_programming(&["IPv4"], Duration::from_millis(30));
         metrics
             .sync_errors
             .get_or_create(&ReasonLabels {
@@ -469,9 +766,12 @@ mod tests {
             .inc();
         let text = metrics.encode();
         for name in [
-            "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
-            "kubeproxy_network_programming_duration_seconds_count",
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv6\"} 0",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            // kube-proxy's buckets, with their leading 0.
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.0\",ip_family=\"IPv4\"} 0",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\",ip_family=\"IPv4\"} 1",
+            "proxyplan_agent_network_programming_duration_seconds_bucket{le=\"0.05\"} 1",
             "proxyplan_agent_sync_errors_total{reason=\"tool_failed\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");

@@ -512,10 +512,12 @@ mod tests {
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: Vec::new(),
+                interface: None,
             },
             service_ports: Vec::new(),
             refused: Vec::new(),
             unmatched: Vec::new(),
+            service_cidrs: Vec::new(),
         })
     }
 

@@ -4,7 +4,7 @@
 //! target (the merged plan, or the last good one when the plan is refused) → hand it to
 //! the dataplane thread → record the result → offer the status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,14 +12,16 @@ use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
-use proxyplan_crds::{MergedPlan, NodeProxyPlanStatus};
+use proxyplan_crds::{
+    EmptyAction, IpFamily, MergedPlan, NodeProxyPlanStatus, TrafficPlan, TrafficPolicy,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::cache::{Change, PlanCache, PlanOutcome};
+use super::cache::{PlanCache, PlanOutcome};
 use super::healthcheck::HealthCheckServers;
-use super::http::{Health, Metrics, ModeLabels, ReasonLabels, unix_seconds};
+use super::http::{Health, Metrics, ModeLabels, PolicyLabels, ReasonLabels};
 use super::schedule::{SyncKind, SyncSchedule};
 use super::status::{AppliedPlan, Observation, StatusGate, SyncFailure, build_status};
 use super::watches::{Input, InputStream};
@@ -39,7 +41,14 @@ pub struct SyncLoop {
     applied: Option<AppliedPlan>,
     failure: Option<SyncFailure>,
     last_duration: Option<Duration>,
-    pending_changes: BTreeMap<String, SystemTime>,
+    /// Trigger times of the EndpointSlice changes waiting for the kernel.
+    pending_triggers: Vec<SystemTime>,
+    /// The newest trigger time seen per object: each is measured once.
+    seen_triggers: HashMap<String, SystemTime>,
+    /// Changes made before the agent started are not measured (as in kube-proxy).
+    started: SystemTime,
+    /// The IP families the node proxies, for the metrics' `ip_family` label.
+    families: Vec<&'static str>,
     gate: StatusGate,
     status: watch::Sender<Option<NodeProxyPlanStatus>>,
     metrics: Arc<Metrics>,
@@ -75,7 +84,10 @@ impl SyncLoop {
             applied: None,
             failure: None,
             last_duration: None,
-            pending_changes: BTreeMap::new(),
+            pending_triggers: Vec::new(),
+            seen_triggers: HashMap::new(),
+            started: SystemTime::now(),
+            families: vec!["IPv4"],
             gate: StatusGate::new(settings.status_min_interval),
             status,
             healthchecks: HealthCheckServers::new(
@@ -141,10 +153,14 @@ impl SyncLoop {
                     let observed = self.cache.plan().and_then(|p| p.status.clone());
                     self.gate.rebase(observed);
                 }
+                self.health.set_ineligible(self.ineligible());
                 (key, change)
             }
             Input::Service(event) => {
                 let key = format!("ServiceProxyPlan/{}", event_object(&event));
+                if matches!(event, Event::Delete(_)) {
+                    self.seen_triggers.remove(&key);
+                }
                 (key, self.cache.service_event(event))
             }
             Input::WatchError(kind, err) => {
@@ -157,24 +173,46 @@ impl SyncLoop {
                 return;
             }
         };
-        let Change {
-            relevant,
-            changed_at,
-            ..
-        } = change;
-        if relevant {
-            self.queue(key, changed_at);
+        if change.relevant {
+            self.queue(key, change.trigger);
         }
     }
 
-    fn queue(&mut self, key: String, changed_at: Option<SystemTime>) {
+    /// Why load balancers should leave this node, as its plan says (none until the plans
+    /// are listed; a node without a plan is not eligible, as kube-proxy treats an
+    /// unknown Node).
+    fn ineligible(&self) -> Option<String> {
+        match self.cache.plan() {
+            Some(plan) => plan.spec.ineligible.clone(),
+            None if self.cache.listed() => Some(format!("no NodeProxyPlan {}", self.node)),
+            None => None,
+        }
+    }
+
+    /// Counts a change waiting for a sync: an EndpointSlice change when the object carries
+    /// a trigger time newer than any seen for it, else a Service (or node) change.
+    fn queue(&mut self, key: String, trigger: Option<SystemTime>) {
         self.schedule.changed();
         self.health.queued();
-        self.metrics
-            .last_queued_timestamp
-            .set(unix_seconds(SystemTime::now()));
-        if let Some(at) = changed_at {
-            self.pending_changes.entry(key).or_insert(at);
+        Metrics::stamp(
+            &self.metrics.last_queued_timestamp,
+            &self.families,
+            SystemTime::now(),
+        );
+        let fresh = trigger.filter(|t| {
+            *t >= self.started && self.seen_triggers.get(&key).is_none_or(|seen| t > seen)
+        });
+        match fresh {
+            Some(at) => {
+                self.seen_triggers.insert(key, at);
+                self.pending_triggers.push(at);
+                self.metrics.endpoint_changes_total.inc();
+                self.metrics.endpoint_changes_pending.inc();
+            }
+            None => {
+                self.metrics.service_changes_total.inc();
+                self.metrics.service_changes_pending.inc();
+            }
         }
     }
 
@@ -184,6 +222,9 @@ impl SyncLoop {
     /// When the dataplane thread dies.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<(), RunError> {
         self.schedule.started(kind, Instant::now());
+        // What waited is now being synced (kube-proxy's checkout).
+        self.metrics.endpoint_changes_pending.set(0);
+        self.metrics.service_changes_pending.set(0);
         let listed = self.cache.listed();
         if listed {
             let started = std::time::Instant::now();
@@ -209,7 +250,10 @@ impl SyncLoop {
                     if kind == SyncKind::Periodic {
                         self.check_canary().await?;
                     }
-                    self.apply(target).await
+                    let full = kind == SyncKind::Periodic
+                        || self.applied.is_none()
+                        || self.failure.is_some();
+                    self.apply(target, full).await
                 }
                 .instrument(span)
                 .await?;
@@ -253,7 +297,7 @@ impl SyncLoop {
                     })
                     .inc();
                 // Never programmed: no latency to measure.
-                self.pending_changes.clear();
+                self.pending_triggers.clear();
             }
             PlanOutcome::Merged(_) => debug!(node = %self.node, "{summary}"),
             _ => info!(node = %self.node, "{summary}"),
@@ -278,7 +322,7 @@ impl SyncLoop {
         Ok(())
     }
 
-    async fn apply(&mut self, target: Arc<MergedPlan>) -> Result<(), RunError> {
+    async fn apply(&mut self, target: Arc<MergedPlan>, full: bool) -> Result<(), RunError> {
         let started = std::time::Instant::now();
         let result = self
             .dataplane
@@ -287,7 +331,7 @@ impl SyncLoop {
             .map_err(|_| RunError::DataplaneStopped)?;
         let elapsed = started.elapsed();
         self.last_duration = Some(elapsed);
-        self.metrics.sync_duration.observe(elapsed.as_secs_f64());
+        self.metrics.observe_sync(&self.families, elapsed, full);
         match result {
             Ok(report) => self.synced(target, &report, elapsed),
             Err(error) => self.sync_failed(&error),
@@ -297,17 +341,18 @@ impl SyncLoop {
 
     fn synced(&mut self, target: Arc<MergedPlan>, report: &SyncReport, elapsed: Duration) {
         let now = SystemTime::now();
+        self.families = families_of(&target);
+        self.health.set_families(self.families.clone());
         if matches!(&self.outcome, PlanOutcome::Merged(m) if Arc::ptr_eq(m, &target)) {
-            for at in std::mem::take(&mut self.pending_changes).into_values() {
+            for at in std::mem::take(&mut self.pending_triggers) {
                 let latency = now.duration_since(at).unwrap_or_default();
-                self.metrics
-                    .network_programming
-                    .observe(latency.as_secs_f64());
+                self.metrics.observe_programming(&self.families, latency);
             }
         }
         let applied = AppliedPlan::new(target);
         let metrics = &self.metrics;
-        metrics.last_sync_timestamp.set(unix_seconds(now));
+        Metrics::stamp(&metrics.last_sync_timestamp, &self.families, now);
+        record_no_local_endpoints(metrics, &applied.plan, &self.families);
         metrics
             .rules
             .get_or_create(&ModeLabels {
@@ -381,6 +426,65 @@ impl SyncLoop {
         if let Some(status) = self.gate.release(Instant::now()) {
             self.status.send_replace(Some(status));
         }
+    }
+}
+
+/// The IP families `plan` proxies (of its entries, else of the node's addresses; IPv4
+/// when it has neither).
+fn families_of(plan: &MergedPlan) -> Vec<&'static str> {
+    let mut v4 = plan
+        .service_ports
+        .iter()
+        .any(|e| e.family == IpFamily::IPv4);
+    let mut v6 = plan
+        .service_ports
+        .iter()
+        .any(|e| e.family == IpFamily::IPv6);
+    if !v4 && !v6 {
+        v4 = plan.addresses.iter().any(std::net::IpAddr::is_ipv4);
+        v6 = plan.addresses.iter().any(std::net::IpAddr::is_ipv6);
+    }
+    match (v4, v6) {
+        (_, false) => vec!["IPv4"],
+        (false, true) => vec!["IPv6"],
+        (true, true) => vec!["IPv4", "IPv6"],
+    }
+}
+
+/// kube-proxy's `no_local_endpoints_total`: service ports with a Local policy in a
+/// direction that have endpoints elsewhere (their empty action is a drop) and none here.
+fn record_no_local_endpoints(metrics: &Metrics, plan: &MergedPlan, families: &[&str]) {
+    let mut counts: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for &family in families {
+        for policy in ["internal", "external"] {
+            counts.insert((policy, family), 0);
+        }
+    }
+    for entry in &plan.service_ports {
+        let family = match entry.family {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+        };
+        let starved = |traffic: &TrafficPlan| {
+            traffic.policy == TrafficPolicy::Local
+                && traffic.when_empty == EmptyAction::Drop
+                && entry.local_endpoints.is_empty()
+        };
+        if starved(&entry.internal) {
+            *counts.entry(("internal", family)).or_default() += 1;
+        }
+        if entry.external.as_ref().is_some_and(starved) {
+            *counts.entry(("external", family)).or_default() += 1;
+        }
+    }
+    for ((policy, family), count) in counts {
+        metrics
+            .no_local_endpoints
+            .get_or_create(&PolicyLabels {
+                traffic_policy: policy.to_owned(),
+                ip_family: family.to_owned(),
+            })
+            .set(count);
     }
 }
 

@@ -843,8 +843,10 @@ pub fn merged(node: Node, mut ports: Vec<ServicePortPlan>) -> MergedPlan {
         local_traffic: LocalTrafficDetection {
             mode: LocalTrafficMode::ClusterCIDR,
             cidrs: CLUSTER_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
+            interface: None,
         },
         service_ports: ports.into_iter().map(std::sync::Arc::new).collect(),
+        service_cidrs: Vec::new(),
     }
 }
 
@@ -904,6 +906,8 @@ pub fn port(name: &str, cluster_ip: &str, port: u16) -> ServicePortPlan {
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 

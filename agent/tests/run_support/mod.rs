@@ -568,7 +568,7 @@ fn url_pairs(query: &str) -> Vec<(String, String)> {
 #[derive(Debug, Clone)]
 pub enum Call {
     /// `sync` of this plan; whether it succeeded.
-    Sync(MergedPlan, bool),
+    Sync(Box<MergedPlan>, bool),
     /// `rules_intact`; what it answered.
     RulesIntact(bool),
 }
@@ -630,7 +630,7 @@ impl Dataplane for FakeDataplane {
             std::thread::sleep(Duration::from_millis(millis as u64));
         }
         let ok = !self.fail.load(Ordering::SeqCst);
-        let _ = self.calls.send(Call::Sync(plan.clone(), ok));
+        let _ = self.calls.send(Call::Sync(Box::new(plan.clone()), ok));
         if !ok {
             return Err(DataplaneError::ToolFailed {
                 tool: "iptables-restore --noflush".to_owned(),
@@ -673,7 +673,7 @@ impl FakeHandle {
         loop {
             if let Call::Sync(plan, ok) = self.next_call().await {
                 self.syncs.fetch_add(1, Ordering::SeqCst);
-                return (plan, ok);
+                return (*plan, ok);
             }
         }
     }
@@ -738,6 +738,8 @@ pub fn mk_entry(name: &str, cluster_ip: &str, cluster_endpoints: &[&str]) -> Ser
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 
@@ -772,6 +774,7 @@ pub fn local_override(key: &str, local: &[&str]) -> EndpointOverride {
         key: key.to_owned(),
         cluster_endpoints: None,
         local_endpoints: Some(endpoints(local)),
+        local_terminating: false,
     }
 }
 
@@ -822,8 +825,11 @@ pub fn mk_plan(
             local_traffic: LocalTrafficDetection {
                 mode: LocalTrafficMode::ClusterCIDR,
                 cidrs: vec!["10.244.0.0/16".to_owned()],
+                interface: None,
             },
             overlay,
+            ineligible: None,
+            service_cidrs: Vec::new(),
         },
         status: None,
     }

@@ -61,6 +61,8 @@ pub fn service(name: &str, cluster_ip: &str, port: u16, endpoints: &[&str]) -> S
             local_host_to_external: false,
             hairpin: true,
         },
+        local_terminating: false,
+        also_serving: Vec::new(),
     }
 }
 
@@ -92,8 +94,10 @@ pub fn plan(mut entries: Vec<ServicePortPlan>) -> MergedPlan {
         local_traffic: LocalTrafficDetection {
             mode: LocalTrafficMode::ClusterCIDR,
             cidrs: vec!["10.244.0.0/16".into(), "fd00:10:244::/56".into()],
+            interface: None,
         },
         service_ports: entries.into_iter().map(std::sync::Arc::new).collect(),
+        service_cidrs: Vec::new(),
     }
 }
 

@@ -476,10 +476,14 @@ impl Lab {
             .expect("spawn socat server");
         self.servers.lock().expect("servers").push(child);
         let shown = format!("{bind}:{port} ");
+        // A dual-stack wildcard listener (`::`) shows as `*:PORT`.
+        let wildcard = (ip == "::").then(|| format!("*:{port} "));
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let listening = self.exec(role, &["ss", "-Hlntu"]);
-            if listening.contains(&shown) {
+            if listening.contains(&shown)
+                || wildcard.as_ref().is_some_and(|w| listening.contains(w))
+            {
                 return;
             }
             assert!(

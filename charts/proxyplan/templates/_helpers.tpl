@@ -72,3 +72,24 @@ app.kubernetes.io/component: agent
   value: {{ . | toString | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+The agent flags about the node itself (conntrack sysctls, localhost node ports), shared by
+`proxyplan-agent setup` in the privileged init container and `proxyplan-agent run`.
+*/}}
+{{- define "proxyplan.agentNodeArgs" -}}
+{{- $a := .Values.agent -}}
+{{- $c := $a.conntrack -}}
+- --conntrack-max-per-core={{ int64 $c.maxPerCore }}
+- --conntrack-min={{ int64 $c.min }}
+- --conntrack-tcp-timeout-established={{ $c.tcpEstablishedTimeout }}
+- --conntrack-tcp-timeout-close-wait={{ $c.tcpCloseWaitTimeout }}
+- --conntrack-udp-timeout={{ $c.udpTimeout }}
+- --conntrack-udp-timeout-stream={{ $c.udpStreamTimeout }}
+{{- if $c.tcpBeLiberal }}
+- --conntrack-tcp-be-liberal
+{{- end }}
+{{- if and (eq $a.mode "iptables") $a.iptables.localhostNodePorts }}
+- --iptables-localhost-nodeports
+{{- end }}
+{{- end -}}

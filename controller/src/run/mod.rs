@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use proxyplan_crds::lenient::{Lenient, Projection};
@@ -196,6 +197,8 @@ pub enum Input {
     Plan(Event<Lenient<NodeProxyPlan>>),
     /// Our Service plans.
     ServicePlan(Event<Lenient<ServiceProxyPlan>>),
+    /// The cluster's Service IP ranges.
+    ServiceCidr(Event<Lenient<ServiceCIDR>>),
     /// A watch failed (it retries with backoff).
     WatchError(&'static str, String),
 }
@@ -262,6 +265,12 @@ pub fn inputs(client: &Client) -> InputStream {
             "ServiceProxyPlan",
             Input::ServicePlan,
         ),
+        watch_stream::<ServiceCIDR>(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "ServiceCIDR",
+            Input::ServiceCidr,
+        ),
     ]))
 }
 
@@ -273,15 +282,19 @@ struct Relists {
     nodes: Option<Vec<Lenient<Node>>>,
     plans: Option<Vec<Lenient<NodeProxyPlan>>>,
     service_plans: Option<Vec<Lenient<ServiceProxyPlan>>>,
+    service_cidrs: Option<Vec<Lenient<ServiceCIDR>>>,
     listed: BTreeSet<&'static str>,
 }
 
-const ALL_KINDS: [&str; 5] = [
+/// Every kind listed before the first write. `ServiceCIDR` counts as listed, empty, on
+/// an API server that does not serve it (before Kubernetes 1.33).
+const ALL_KINDS: [&str; 6] = [
     "Service",
     "EndpointSlice",
     "Node",
     "NodeProxyPlan",
     "ServiceProxyPlan",
+    "ServiceCIDR",
 ];
 
 /// What a relist step produced.
@@ -462,6 +475,17 @@ impl SyncLoop {
             Input::Node(_) => "node",
             Input::Plan(_) => "nodeproxyplan",
             Input::ServicePlan(_) => "serviceproxyplan",
+            Input::ServiceCidr(_) => "servicecidr",
+            Input::WatchError("ServiceCIDR", err) if err.contains("code: 404") => {
+                if !self.relists.listed.contains("ServiceCIDR") {
+                    info!(
+                        "this API server serves no ServiceCIDRs (Kubernetes < 1.33): plans carry \
+                         no Service CIDRs, so traffic to unallocated Service IPs is not dropped"
+                    );
+                    self.listed("ServiceCIDR");
+                }
+                return;
+            }
             Input::WatchError(kind, err) => {
                 let hint = if kind.starts_with("NodeProxyPlan")
                     || kind.starts_with("ServiceProxyPlan")
@@ -482,7 +506,10 @@ impl SyncLoop {
             .inc();
         // Our own objects' events change nothing to plan (a divergence is a repair):
         // only the cluster's objects make a sync pending.
-        self.pending |= matches!(input, Input::Service(_) | Input::Slice(_) | Input::Node(_));
+        self.pending |= matches!(
+            input,
+            Input::Service(_) | Input::Slice(_) | Input::Node(_) | Input::ServiceCidr(_)
+        );
         match input {
             Input::Service(event) => match relist(&mut self.relists.services, event) {
                 Relist::Event(Event::Apply(svc)) => self.apply_service(&svc),
@@ -536,6 +563,21 @@ impl SyncLoop {
                         self.apply_node(node);
                     }
                     self.listed("Node");
+                }
+                _ => {}
+            },
+            Input::ServiceCidr(event) => match relist(&mut self.relists.service_cidrs, event) {
+                Relist::Event(Event::Apply(cidr)) => self.apply_service_cidr(&cidr),
+                Relist::Event(Event::Delete(cidr)) => {
+                    self.planner.delete_service_cidr(&cidr.name_any());
+                }
+                Relist::Done(all) => {
+                    let keep: Vec<String> = all.iter().map(ResourceExt::name_any).collect();
+                    self.planner.retain_service_cidrs(&keep);
+                    for cidr in &all {
+                        self.apply_service_cidr(cidr);
+                    }
+                    self.listed("ServiceCIDR");
                 }
                 _ => {}
             },
@@ -630,6 +672,23 @@ impl SyncLoop {
                 name, "object differs from what was written; repairing"
             );
             self.repairs.insert((kind, name.to_owned()));
+        }
+    }
+
+    fn apply_service_cidr(&mut self, cidr: &Lenient<ServiceCIDR>) {
+        let name = cidr.name_any();
+        match &cidr.object {
+            Ok(object) => {
+                let ranges = object
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.cidrs.clone())
+                    .unwrap_or_default();
+                if let Err(err) = self.planner.apply_service_cidr(&name, &ranges) {
+                    warn!(servicecidr = %name, %err, "ServiceCIDR ignored");
+                }
+            }
+            Err(err) => warn!(servicecidr = %name, %err, "ServiceCIDR ignored"),
         }
     }
 

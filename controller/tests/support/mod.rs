@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{
     ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeCondition,
     NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig,
+    Taint,
 };
 use k8s_openapi::api::discovery::v1::{
     Endpoint as SliceEndpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice,
@@ -245,9 +246,22 @@ pub trait SliceExt: Sized {
     /// Changes the labels.
     #[must_use]
     fn with_labels(self, f: impl FnOnce(&mut BTreeMap<String, String>)) -> Self;
+    /// Sets `endpoints.kubernetes.io/last-change-trigger-time`.
+    #[must_use]
+    fn triggered_at(self, time: &str) -> Self;
 }
 
 impl SliceExt for EndpointSlice {
+    fn triggered_at(mut self, time: &str) -> Self {
+        self.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                "endpoints.kubernetes.io/last-change-trigger-time".to_owned(),
+                time.to_owned(),
+            );
+        self
+    }
     fn with_labels(mut self, f: impl FnOnce(&mut BTreeMap<String, String>)) -> Self {
         f(self.metadata.labels.get_or_insert_with(BTreeMap::new));
         self
@@ -418,6 +432,12 @@ pub trait NodeExt: Sized {
     /// A kubelet status update: new heartbeat, new resourceVersion, nothing else.
     #[must_use]
     fn heartbeat(self, seconds: i64) -> Self;
+    /// Adds a `NoSchedule` taint with key `key`.
+    #[must_use]
+    fn taint(self, key: &str) -> Self;
+    /// Sets `metadata.deletionTimestamp` (the Node is being deleted).
+    #[must_use]
+    fn deleting(self) -> Self;
 }
 
 impl NodeExt for Node {
@@ -446,6 +466,24 @@ impl NodeExt for Node {
                 type_: type_.to_owned(),
                 address: ip.to_owned(),
             });
+        self
+    }
+    fn taint(mut self, key: &str) -> Self {
+        self.spec
+            .get_or_insert_with(NodeSpec::default)
+            .taints
+            .get_or_insert_with(Vec::new)
+            .push(Taint {
+                key: key.to_owned(),
+                effect: "NoSchedule".to_owned(),
+                ..Taint::default()
+            });
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.metadata.deletion_timestamp = k8s_openapi::jiff::Timestamp::from_second(1_700_000_100)
+            .map(Time)
+            .ok();
         self
     }
     fn heartbeat(mut self, seconds: i64) -> Self {

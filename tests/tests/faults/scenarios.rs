@@ -68,7 +68,12 @@ fn line_diff(before: &str, after: &str) -> String {
 
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .find_map(|l| {
+            // The IPv4 series of a metric kube-proxy labels by family.
+            let rest = l.strip_prefix(series)?;
+            let rest = rest.strip_prefix("{ip_family=\"IPv4\"}").unwrap_or(rest);
+            rest.strip_prefix(' ')
+        })
         .and_then(|v| v.split(' ').next()?.parse().ok())
 }
 

@@ -54,6 +54,7 @@ struct State {
     flows: Vec<Flow>,
     failing_restores: usize,
     missing: BTreeSet<String>,
+    sysctls: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,6 +464,19 @@ impl FakeKernel {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Sets a sysctl's value as the kernel would report it.
+    pub fn set_sysctl(&self, name: &str, value: &str) {
+        self.lock()
+            .sysctls
+            .insert(name.to_owned(), value.to_owned());
+    }
+
+    /// A sysctl's value, if set (by the test or by the agent).
+    #[must_use]
+    pub fn sysctl(&self, name: &str) -> Option<String> {
+        self.lock().sysctls.get(name).cloned()
+    }
+
     /// Every call so far.
     #[must_use]
     pub fn calls(&self) -> Vec<Call> {
@@ -521,6 +535,15 @@ impl FakeKernel {
 }
 
 impl Runner for FakeKernel {
+    fn read_sysctl(&self, name: &str) -> Result<Option<String>, DataplaneError> {
+        Ok(self.sysctl(name))
+    }
+
+    fn write_sysctl(&self, name: &str, value: &str) -> Result<(), DataplaneError> {
+        self.set_sysctl(name, value);
+        Ok(())
+    }
+
     fn run(
         &self,
         program: &str,

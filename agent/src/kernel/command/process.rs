@@ -255,7 +255,24 @@ fn read_lines(pipe: impl std::io::Read, line: &mut dyn FnMut(&str)) -> std::io::
     }
 }
 
+impl CommandRunner {
+    /// The namespace's path, for what is read or written under `/proc/sys`.
+    fn netns_path(&self) -> Option<std::path::PathBuf> {
+        self.netns
+            .as_ref()
+            .map(|name| std::path::Path::new("/run/netns").join(name))
+    }
+}
+
 impl Runner for CommandRunner {
+    fn read_sysctl(&self, name: &str) -> Result<Option<String>, DataplaneError> {
+        crate::kernel::sysctl::read(self.netns_path().as_deref(), name)
+    }
+
+    fn write_sysctl(&self, name: &str, value: &str) -> Result<(), DataplaneError> {
+        crate::kernel::sysctl::write(self.netns_path().as_deref(), name, value)
+    }
+
     fn run(
         &self,
         program: &str,

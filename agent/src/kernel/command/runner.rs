@@ -68,6 +68,23 @@ pub trait Runner {
         Ok(output)
     }
 
+    /// Reads a sysctl (`net/netfilter/nf_conntrack_tcp_be_liberal`) where the tools run;
+    /// `None` when it does not exist. The default reads the agent's own namespace.
+    ///
+    /// # Errors
+    /// When it exists but cannot be read.
+    fn read_sysctl(&self, name: &str) -> Result<Option<String>, DataplaneError> {
+        crate::kernel::sysctl::read(None, name)
+    }
+
+    /// Writes a sysctl where the tools run. The default writes the agent's own namespace.
+    ///
+    /// # Errors
+    /// When it cannot be written.
+    fn write_sysctl(&self, name: &str, value: &str) -> Result<(), DataplaneError> {
+        crate::kernel::sysctl::write(None, name, value)
+    }
+
     /// The UDP conntrack entries of `family`. The default lists them with `conntrack -L`.
     ///
     /// # Errors

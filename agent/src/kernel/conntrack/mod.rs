@@ -5,8 +5,10 @@
 
 pub mod flows;
 pub mod netlink;
+pub mod sysctls;
 pub mod tool;
 
 pub use flows::{Backend, CONNTRACK, Destination, Flow, StaleFlows};
 pub use netlink::ConntrackNetlink;
+pub use sysctls::{ConntrackSysctls, SysctlOutcome};
 pub use tool::parse_listing;

@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::message::{ControlMessage, GENL_HDRLEN, IpvsCodecError, NetlinkBody, NetlinkMessage};
 use super::types::{
-    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTunnel,
+    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTimeouts,
+    IpvsTunnel,
 };
 use super::uapi::*;
 use crate::kernel::netlink::frame::{
@@ -200,8 +201,14 @@ fn decode_ipvs(payload: &[u8]) -> Result<NetlinkBody> {
     let mut nested_flag = false;
     let mut service = None;
     let mut dest_raw = None;
+    let mut timeouts: Option<IpvsTimeouts> = None;
     for nla in parse_attrs(attrs)? {
         match nla.kind {
+            IPVS_CMD_ATTR_TIMEOUT_TCP => timeouts.get_or_insert_default().tcp = nla.get_u32()?,
+            IPVS_CMD_ATTR_TIMEOUT_TCP_FIN => {
+                timeouts.get_or_insert_default().tcp_fin = nla.get_u32()?;
+            }
+            IPVS_CMD_ATTR_TIMEOUT_UDP => timeouts.get_or_insert_default().udp = nla.get_u32()?,
             IPVS_CMD_ATTR_SERVICE => {
                 nested_flag |= nla.nested;
                 service = Some(decode_service(nla.value)?);
@@ -224,6 +231,7 @@ fn decode_ipvs(payload: &[u8]) -> Result<NetlinkBody> {
         attributes: IpvsAttributes {
             service,
             destination,
+            timeouts,
         },
         nested_flag,
     })

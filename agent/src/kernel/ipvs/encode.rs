@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use super::message::{ControlMessage, NetlinkBody, NetlinkMessage};
-use super::types::{IpvsAttributes, IpvsDestination, IpvsService, IpvsStats};
+use super::types::{IpvsAttributes, IpvsDestination, IpvsService, IpvsStats, IpvsTimeouts};
 use super::uapi::*;
 use crate::kernel::netlink::frame::{
     self, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, align4, put_attr,
@@ -132,6 +132,11 @@ fn encode_body(body: &NetlinkBody, buf: &mut Vec<u8>) {
             if let Some(dest) = &attributes.destination {
                 put_destination(buf, dest, *nested_flag);
             }
+            if let Some(t) = &attributes.timeouts {
+                put_u32(buf, IPVS_CMD_ATTR_TIMEOUT_TCP, t.tcp);
+                put_u32(buf, IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin);
+                put_u32(buf, IPVS_CMD_ATTR_TIMEOUT_UDP, t.udp);
+            }
         }
         NetlinkBody::Control(ctrl) => {
             buf.extend_from_slice(&[ctrl.command, ctrl.version, 0, 0]);
@@ -169,10 +174,12 @@ pub fn encode_messages(msgs: &[NetlinkMessage]) -> Vec<u8> {
 }
 
 /// The `nlmsg_flags` a request for `cmd` carries: `NLM_F_DUMP` for the two list
-/// commands, `NLM_F_ACK` for everything else so failures and successes are both reported.
+/// commands, none but `NLM_F_REQUEST` for `GET_CONFIG` (answered by one reply message),
+/// `NLM_F_ACK` for everything else so failures and successes are both reported.
 pub fn request_flags(cmd: IpvsCommand) -> u16 {
     match cmd {
         IpvsCommand::GetService | IpvsCommand::GetDest => NLM_F_REQUEST | NLM_F_DUMP,
+        IpvsCommand::GetConfig => NLM_F_REQUEST,
         _ => NLM_F_REQUEST | NLM_F_ACK,
     }
 }
@@ -199,7 +206,7 @@ pub fn encode(cmd: IpvsCommand, family_id: u16, seq: u32, payload: &IpvsAttribut
 fn with_service(svc: &IpvsService) -> IpvsAttributes {
     IpvsAttributes {
         service: Some(svc.clone()),
-        destination: None,
+        ..IpvsAttributes::default()
     }
 }
 
@@ -207,6 +214,7 @@ fn with_destination(svc: &IpvsService, dest: &IpvsDestination) -> IpvsAttributes
     IpvsAttributes {
         service: Some(svc.clone()),
         destination: Some(dest.clone()),
+        timeouts: None,
     }
 }
 
@@ -290,4 +298,24 @@ pub fn delete_destination(
 /// `IPVS_CMD_GET_DEST` with `NLM_F_DUMP`: the real servers of `svc`.
 pub fn list_destinations(family_id: u16, seq: u32, svc: &IpvsService) -> Vec<u8> {
     encode(IpvsCommand::GetDest, family_id, seq, &with_service(svc))
+}
+
+/// `IPVS_CMD_SET_CONFIG`: the three connection timeouts (a 0 leaves that one alone).
+pub fn set_config(family_id: u16, seq: u32, timeouts: IpvsTimeouts) -> Vec<u8> {
+    let attrs = IpvsAttributes {
+        timeouts: Some(timeouts),
+        ..IpvsAttributes::default()
+    };
+    encode(IpvsCommand::SetConfig, family_id, seq, &attrs)
+}
+
+/// `IPVS_CMD_GET_CONFIG`: the kernel answers with one `IPVS_CMD_SET_CONFIG` message
+/// carrying the three timeouts.
+pub fn get_config(family_id: u16, seq: u32) -> Vec<u8> {
+    encode(
+        IpvsCommand::GetConfig,
+        family_id,
+        seq,
+        &IpvsAttributes::default(),
+    )
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::node::{IpvsKernel, IpvsOp};
-use super::types::{IpvsDestination, IpvsService};
+use super::types::{IpvsDestination, IpvsService, IpvsTimeouts};
 use crate::kernel::error::DataplaneError;
 use crate::kernel::ipset::message::SetOp;
 use crate::kernel::ipset::sets::{IpSet, Sets};
@@ -36,6 +36,8 @@ pub struct FakeIpvsKernel {
     pub sets: Sets,
     /// Every IPVS operation executed, as text.
     pub log: Vec<String>,
+    /// IPVS's connection timeouts (a fresh kernel's 900 / 120 / 300 s from [`Self::new`]).
+    pub timeouts: IpvsTimeouts,
 }
 
 impl FakeIpvsKernel {
@@ -54,6 +56,8 @@ impl FakeIpvsKernel {
         ] {
             sysctls.insert(name.to_owned(), "0".to_owned());
         }
+        sysctls.insert("net/ipv4/vs/conn_reuse_mode".to_owned(), "1".to_owned());
+        sysctls.insert("kernel/osrelease".to_owned(), "6.1.0-fake".to_owned());
         Self {
             links: BTreeMap::from([("lo".to_owned(), 1), ("eth0".to_owned(), 2)]),
             addresses: vec![InterfaceAddress {
@@ -62,6 +66,11 @@ impl FakeIpvsKernel {
                 prefix_len: 24,
             }],
             sysctls,
+            timeouts: IpvsTimeouts {
+                tcp: 900,
+                tcp_fin: 120,
+                udp: 300,
+            },
             ..Self::default()
         }
     }
@@ -156,6 +165,28 @@ impl IpvsKernel for FakeIpvsKernel {
 
     fn execute(&mut self, ops: &[IpvsOp<'_>]) -> Result<Vec<i32>, DataplaneError> {
         Ok(ops.iter().map(|op| self.run(op)).collect())
+    }
+
+    /// As the kernel: only the non-zero values change.
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<(), DataplaneError> {
+        self.log.push(format!(
+            "set timeouts {} {} {}",
+            timeouts.tcp, timeouts.tcp_fin, timeouts.udp
+        ));
+        for (held, wanted) in [
+            (&mut self.timeouts.tcp, timeouts.tcp),
+            (&mut self.timeouts.tcp_fin, timeouts.tcp_fin),
+            (&mut self.timeouts.udp, timeouts.udp),
+        ] {
+            if wanted > 0 {
+                *held = wanted;
+            }
+        }
+        Ok(())
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, DataplaneError> {
+        Ok(self.timeouts)
     }
 
     fn link_index(&mut self, name: &str) -> Result<Option<u32>, DataplaneError> {

@@ -25,7 +25,7 @@ pub use fake::FakeIpvsKernel;
 pub use message::{ControlMessage, IpvsCodecError, NetlinkBody, NetlinkMessage};
 pub use node::{IpvsKernel, IpvsOp, NetlinkKernel};
 pub use types::{
-    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTunnel,
-    describe_service, protocol_name, socket_text,
+    IpvsAttributes, IpvsDestination, IpvsDestinationCounters, IpvsService, IpvsStats, IpvsTimeouts,
+    IpvsTunnel, describe_service, protocol_name, socket_text,
 };
 pub use uapi::*;

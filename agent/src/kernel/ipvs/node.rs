@@ -12,7 +12,7 @@ use netlink_sys::protocols::NETLINK_GENERIC;
 use super::decode;
 use super::encode;
 use super::message::{NetlinkBody, NetlinkMessage};
-use super::types::{IpvsDestination, IpvsService, describe_service, socket_text};
+use super::types::{IpvsDestination, IpvsService, IpvsTimeouts, describe_service, socket_text};
 use super::uapi::IPVS_GENL_NAME;
 use crate::kernel::error::DataplaneError;
 use crate::kernel::ipset::message::SetOp;
@@ -97,6 +97,19 @@ pub trait IpvsKernel {
     /// # Errors
     /// When the kernel could not be asked at all.
     fn execute(&mut self, ops: &[IpvsOp<'_>]) -> Result<Vec<i32>, DataplaneError>;
+
+    /// Sets IPVS's connection timeouts (`IPVS_CMD_SET_CONFIG`, `ipvsadm --set`); a 0
+    /// leaves that timeout as the kernel has it.
+    ///
+    /// # Errors
+    /// When the kernel refuses or cannot be asked.
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<(), DataplaneError>;
+
+    /// IPVS's connection timeouts (`IPVS_CMD_GET_CONFIG`, `ipvsadm -L --timeout`).
+    ///
+    /// # Errors
+    /// When the kernel refuses or cannot be asked.
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, DataplaneError>;
 
     /// The index of the interface called `name`, if there is one.
     ///
@@ -380,6 +393,40 @@ impl IpvsKernel for NetlinkKernel {
         socket
             .transact(ops.iter().map(|op| op.encode(id)))
             .map_err(|e| DataplaneError::io("sending IPVS changes", e))
+    }
+
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<(), DataplaneError> {
+        let (socket, id) = self.ipvs()?;
+        let errnos = socket
+            .transact(std::iter::once(encode::set_config(id, 0, timeouts)))
+            .map_err(|e| DataplaneError::io("setting IPVS timeouts", e))?;
+        match errnos.first() {
+            Some(0) => Ok(()),
+            Some(&errno) => Err(DataplaneError::io(
+                "setting IPVS timeouts",
+                socket::errno_error(errno),
+            )),
+            None => Err(DataplaneError::io(
+                "setting IPVS timeouts",
+                io::Error::other("no answer"),
+            )),
+        }
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, DataplaneError> {
+        let (socket, id) = self.ipvs()?;
+        let bytes = socket
+            .request(encode::get_config(id, 0))
+            .map_err(|e| DataplaneError::io("reading IPVS timeouts", e))?;
+        Self::decode_ipvs(&bytes, id)?
+            .into_iter()
+            .find_map(|m| m.body.ipvs_attributes().and_then(|a| a.timeouts))
+            .ok_or_else(|| {
+                DataplaneError::io(
+                    "reading IPVS timeouts",
+                    io::Error::new(io::ErrorKind::InvalidData, "reply without timeouts"),
+                )
+            })
     }
 
     fn link_index(&mut self, name: &str) -> Result<Option<u32>, DataplaneError> {

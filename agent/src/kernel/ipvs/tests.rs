@@ -167,6 +167,7 @@ fn new_service_tcp_persistent() -> Result<()> {
     let attrs = IpvsAttributes {
         service: Some(dns_service()),
         destination: None,
+        timeouts: None,
     };
     assert_eq!(msg.body, ipvs(IpvsCommand::NewService, attrs, true));
     Ok(())
@@ -213,6 +214,7 @@ fn new_dest_masq_weight_one() -> Result<()> {
     let attrs = IpvsAttributes {
         service: Some(dns_service()),
         destination: Some(pod_destination()),
+        timeouts: None,
     };
     assert_eq!(msg.body, ipvs(IpvsCommand::NewDest, attrs, true));
     Ok(())
@@ -284,6 +286,7 @@ fn new_service_ipv6() -> Result<()> {
     let attrs = IpvsAttributes {
         service: Some(svc),
         destination: None,
+        timeouts: None,
     };
     assert_eq!(msg.body, ipvs(IpvsCommand::NewService, attrs, true));
     Ok(())
@@ -555,4 +558,127 @@ fn unknown_command_is_an_error() {
         decode(&bytes, FAM),
         Err(IpvsCodecError::UnknownCommand(0x63))
     );
+}
+
+/// `ipvsadm --set 3600 30 120`: kube-proxy's `--ipvs-tcp-timeout 1h
+/// --ipvs-tcpfin-timeout 30s --ipvs-udp-timeout 2m`.
+#[rustfmt::skip]
+const SET_CONFIG: &[u8] = &[
+    0x2c, 0x00, 0x00, 0x00, // nlmsg_len 44
+    0x23, 0x00,             // nlmsg_type IPVS
+    0x05, 0x00,             // NLM_F_REQUEST | NLM_F_ACK
+    0x07, 0x00, 0x00, 0x00, // seq 7
+    0x00, 0x00, 0x00, 0x00, // pid 0
+    0x0c, 0x01, 0x00, 0x00, // cmd IPVS_CMD_SET_CONFIG, version 1
+    0x08, 0x00, 0x04, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_TCP
+    0x10, 0x0e, 0x00, 0x00, //   3600
+    0x08, 0x00, 0x05, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_TCP_FIN
+    0x1e, 0x00, 0x00, 0x00, //   30
+    0x08, 0x00, 0x06, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_UDP
+    0x78, 0x00, 0x00, 0x00, //   120
+];
+
+#[test]
+fn set_config_sends_all_three_timeouts() -> Result<()> {
+    let timeouts = IpvsTimeouts {
+        tcp: 3600,
+        tcp_fin: 30,
+        udp: 120,
+    };
+    assert_eq!(set_config(FAM, 7, timeouts), SET_CONFIG);
+    let msg = single(SET_CONFIG)?;
+    assert_eq!(msg.header, request(FAM, NLM_F_REQUEST | NLM_F_ACK, 7));
+    let attrs = IpvsAttributes {
+        timeouts: Some(timeouts),
+        ..IpvsAttributes::default()
+    };
+    assert_eq!(msg.body, ipvs(IpvsCommand::SetConfig, attrs, false));
+    Ok(())
+}
+
+#[test]
+fn set_config_keeps_zeros_which_the_kernel_ignores() -> Result<()> {
+    // Only the TCP timeout given: the other two go as 0, which the kernel leaves alone.
+    let only_tcp = IpvsTimeouts {
+        tcp: 3600,
+        ..IpvsTimeouts::default()
+    };
+    let bytes = set_config(FAM, 7, only_tcp);
+    assert_eq!(bytes.len(), SET_CONFIG.len());
+    assert_eq!(&bytes[..28], &SET_CONFIG[..28], "header and TCP attribute");
+    #[rustfmt::skip]
+    let tail: &[u8] = &[
+        0x08, 0x00, 0x05, 0x00, 0x00, 0x00, 0x00, 0x00, // TCP_FIN 0
+        0x08, 0x00, 0x06, 0x00, 0x00, 0x00, 0x00, 0x00, // UDP 0
+    ];
+    assert_eq!(&bytes[28..], tail);
+    assert_eq!(
+        single(&bytes)?
+            .body
+            .ipvs_attributes()
+            .and_then(|a| a.timeouts),
+        Some(only_tcp)
+    );
+    assert!(IpvsTimeouts::default().is_unset());
+    assert!(!only_tcp.is_unset());
+    Ok(())
+}
+
+#[rustfmt::skip]
+const GET_CONFIG: &[u8] = &[
+    0x14, 0x00, 0x00, 0x00, // nlmsg_len 20
+    0x23, 0x00,             // nlmsg_type IPVS
+    0x01, 0x00,             // NLM_F_REQUEST: one reply, no dump, no ack
+    0x08, 0x00, 0x00, 0x00, // seq 8
+    0x00, 0x00, 0x00, 0x00, // pid 0
+    0x0d, 0x01, 0x00, 0x00, // cmd IPVS_CMD_GET_CONFIG, version 1
+];
+
+/// The kernel's answer (`ip_vs_genl_get_cmd`): command `IPVS_CMD_SET_CONFIG`, the
+/// defaults of a fresh namespace, 900 / 120 / 300 s.
+#[rustfmt::skip]
+const GET_CONFIG_REPLY: &[u8] = &[
+    0x2c, 0x00, 0x00, 0x00, // nlmsg_len 44
+    0x23, 0x00,             // nlmsg_type IPVS
+    0x00, 0x00,             // flags 0
+    0x08, 0x00, 0x00, 0x00, // seq 8
+    0x34, 0x12, 0x00, 0x00, // pid 0x1234
+    0x0c, 0x01, 0x00, 0x00, // cmd IPVS_CMD_SET_CONFIG, version 1
+    0x08, 0x00, 0x04, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_TCP
+    0x84, 0x03, 0x00, 0x00, //   900
+    0x08, 0x00, 0x05, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_TCP_FIN
+    0x78, 0x00, 0x00, 0x00, //   120
+    0x08, 0x00, 0x06, 0x00, // len 8, IPVS_CMD_ATTR_TIMEOUT_UDP
+    0x2c, 0x01, 0x00, 0x00, //   300
+];
+
+#[test]
+fn get_config_request_and_reply() -> Result<()> {
+    assert_eq!(get_config(FAM, 8), GET_CONFIG);
+    let msg = single(GET_CONFIG)?;
+    assert_eq!(msg.header, request(FAM, NLM_F_REQUEST, 8));
+    assert_eq!(
+        msg.body,
+        ipvs(IpvsCommand::GetConfig, IpvsAttributes::default(), false)
+    );
+    let reply = single(GET_CONFIG_REPLY)?;
+    assert_eq!(reply.header.port_id, 0x1234);
+    let expected = IpvsAttributes {
+        timeouts: Some(IpvsTimeouts {
+            tcp: 900,
+            tcp_fin: 120,
+            udp: 300,
+        }),
+        ..IpvsAttributes::default()
+    };
+    assert_eq!(reply.body, ipvs(IpvsCommand::SetConfig, expected, false));
+    Ok(())
+}
+
+#[test]
+fn short_timeout_attribute_is_an_error() {
+    let mut bytes = GET_CONFIG_REPLY.to_vec();
+    // TIMEOUT_TCP claims 6 bytes: 2 bytes of value where a u32 belongs.
+    bytes[20] = 0x06;
+    assert!(decode(&bytes, FAM).is_err());
 }

@@ -116,13 +116,37 @@ pub struct IpvsStats {
 }
 
 /// The attributes of one IPVS genl message: a service, a destination, or both (every
-/// destination request names its service too).
+/// destination request names its service too); or, for `IPVS_CMD_SET_CONFIG` and the
+/// reply to `IPVS_CMD_GET_CONFIG`, the connection timeouts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IpvsAttributes {
     /// `IPVS_CMD_ATTR_SERVICE`.
     pub service: Option<IpvsService>,
     /// `IPVS_CMD_ATTR_DEST`.
     pub destination: Option<IpvsDestination>,
+    /// `IPVS_CMD_ATTR_TIMEOUT_TCP`, `_TCP_FIN`, `_UDP`.
+    pub timeouts: Option<IpvsTimeouts>,
+}
+
+/// IPVS's connection timeouts in seconds (`ipvsadm --set TCP TCPFIN UDP`). In a
+/// `IPVS_CMD_SET_CONFIG` request a 0 leaves that timeout as the kernel has it
+/// (`ip_vs_set_timeout` applies only non-zero values); the three are always sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IpvsTimeouts {
+    /// `IPVS_CMD_ATTR_TIMEOUT_TCP`: established TCP connections (kernel default 900).
+    pub tcp: u32,
+    /// `IPVS_CMD_ATTR_TIMEOUT_TCP_FIN`: TCP after a FIN (kernel default 120).
+    pub tcp_fin: u32,
+    /// `IPVS_CMD_ATTR_TIMEOUT_UDP`: UDP (kernel default 300).
+    pub udp: u32,
+}
+
+impl IpvsTimeouts {
+    /// Whether every value is 0: nothing to change.
+    #[must_use]
+    pub fn is_unset(&self) -> bool {
+        self.tcp == 0 && self.tcp_fin == 0 && self.udp == 0
+    }
 }
 
 impl IpvsService {

@@ -25,6 +25,14 @@ pub const IPVS_GENL_VERSION: u8 = 1;
 pub const IPVS_CMD_ATTR_SERVICE: u16 = 1;
 /// `IPVS_CMD_ATTR_DEST`: nested destination attributes.
 pub const IPVS_CMD_ATTR_DEST: u16 = 2;
+/// `IPVS_CMD_ATTR_DAEMON`: nested sync-daemon attributes (never sent by the agent).
+pub const IPVS_CMD_ATTR_DAEMON: u16 = 3;
+/// `IPVS_CMD_ATTR_TIMEOUT_TCP` (u32 seconds): established TCP connections.
+pub const IPVS_CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+/// `IPVS_CMD_ATTR_TIMEOUT_TCP_FIN` (u32 seconds): TCP connections after a FIN.
+pub const IPVS_CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+/// `IPVS_CMD_ATTR_TIMEOUT_UDP` (u32 seconds): UDP "connections".
+pub const IPVS_CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
 /// `IPVS_SVC_ATTR_AF` (u16): address family.
 pub const IPVS_SVC_ATTR_AF: u16 = 1;
@@ -115,6 +123,9 @@ pub const IP_VS_SVC_F_ONEPACKET: u32 = 0x0004;
 pub const IP_VS_SVC_F_SCHED1: u32 = 0x0008;
 /// `IP_VS_SVC_F_SCHED2`: scheduler flag 2.
 pub const IP_VS_SVC_F_SCHED2: u32 = 0x0010;
+/// `IP_VS_SVC_F_SCHED_MH_PORT` (= [`IP_VS_SVC_F_SCHED2`]): the `mh` scheduler hashes the
+/// source port too (`ipvsadm --sched-flags mh-port`).
+pub const IP_VS_SVC_F_SCHED_MH_PORT: u32 = IP_VS_SVC_F_SCHED2;
 /// `IP_VS_SVC_F_SCHED3`: scheduler flag 3.
 pub const IP_VS_SVC_F_SCHED3: u32 = 0x0020;
 
@@ -166,7 +177,7 @@ pub enum IpvsCommand {
     DelDaemon = 10,
     /// `IPVS_CMD_GET_DAEMON`: list sync daemons.
     GetDaemon = 11,
-    /// `IPVS_CMD_SET_CONFIG`: set timeouts.
+    /// `IPVS_CMD_SET_CONFIG`: set timeouts (also the command of the `GET_CONFIG` reply).
     SetConfig = 12,
     /// `IPVS_CMD_GET_CONFIG`: get timeouts.
     GetConfig = 13,

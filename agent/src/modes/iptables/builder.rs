@@ -71,9 +71,25 @@ impl<'a> Builder<'a> {
             names::SERVICES,
             names::EXTERNAL_SERVICES,
             names::FIREWALL,
+            names::HEALTH_CHECKS,
             names::CANARY,
         ] {
             self.filter.chains.entry(chain.to_owned()).or_default();
+        }
+        if self.family == IpFamily::IPv4 && self.settings.localhost_nodeports_on() {
+            // kube-proxy's (and kubelet's) guard against martian packets to 127.0.0.0/8,
+            // which route_localnet=1 would otherwise let in.
+            self.filter(
+                names::FIREWALL,
+                "! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+                    .to_owned(),
+            );
+        }
+        if self.settings.drop_invalid {
+            self.filter(
+                names::FORWARD,
+                "-m conntrack --ctstate INVALID -j DROP".to_owned(),
+            );
         }
         self.filter(
             names::FORWARD,
@@ -110,6 +126,13 @@ impl<'a> Builder<'a> {
             format!("{new} -m comment --comment \"{comment}\" -j {chain}")
         };
         self.filter.base_jumps = vec![
+            BaseJump {
+                chain: "INPUT",
+                rule: format!(
+                    "-m comment --comment \"proxyplan health check service ports\" -j {}",
+                    names::HEALTH_CHECKS
+                ),
+            },
             BaseJump {
                 chain: "INPUT",
                 rule: jump("proxyplan external services", names::EXTERNAL_SERVICES),
@@ -160,16 +183,17 @@ impl<'a> Builder<'a> {
             .collect();
         if cidrs.is_empty() {
             // Every local address except loopback: a pod is unreachable from ::1, and
-            // DNAT from 127.0.0.0/8 would need route_localnet=1 (CVE-2020-8558), which
-            // the agent never sets (kube-proxy's nftables mode makes the same choice).
+            // DNAT from 127.0.0.0/8 needs route_localnet=1 (CVE-2020-8558), which the
+            // agent sets only with --iptables-localhost-nodeports.
             let loopback = match self.family {
-                IpFamily::IPv4 => "127.0.0.0/8",
-                IpFamily::IPv6 => "::1/128",
+                IpFamily::IPv4 if self.settings.localhost_nodeports_on() => "",
+                IpFamily::IPv4 => " ! -d 127.0.0.0/8",
+                IpFamily::IPv6 => " ! -d ::1/128",
             };
             self.nat(
                 names::SERVICES,
                 format!(
-                    "{comment} -m addrtype --dst-type LOCAL ! -d {loopback} -j {}",
+                    "{comment} -m addrtype --dst-type LOCAL{loopback} -j {}",
                     names::NODEPORTS
                 ),
             );

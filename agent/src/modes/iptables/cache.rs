@@ -75,7 +75,7 @@ impl FamilyCache {
         let context = (!inputs.entries.is_empty()).then(|| {
             (
                 settings.clone(),
-                inputs.local_cidr.clone(),
+                inputs.local.clone(),
                 inputs.node_addresses.clone(),
             )
         });

@@ -62,6 +62,8 @@ pub struct IptablesDataplane<R> {
     /// The nf_tables generation at which the kernel was last known to hold exactly what
     /// the caches describe (nft back end only): nobody else committed since.
     verified: Option<u32>,
+    /// Whether `route_localnet=1` is known to be set (localhost node ports).
+    route_localnet: bool,
 }
 
 /// One family's knowledge of the kernel.
@@ -218,7 +220,20 @@ fn failed_line_number(stderr: &str) -> Option<usize> {
 impl<R: Runner> IptablesDataplane<R> {
     /// A dataplane that programs through `runner` with `backend`'s tools.
     #[must_use]
-    pub fn new(settings: RenderSettings, runner: R, backend: Backend) -> Self {
+    pub fn new(mut settings: RenderSettings, runner: R, backend: Backend) -> Self {
+        // As kube-proxy: with liberal TCP tracking, out-of-window packets are not
+        // invalid, and dropping the rest is left to the node's own firewall.
+        let liberal = runner
+            .read_sysctl(BE_LIBERAL)
+            .ok()
+            .flatten()
+            .is_some_and(|v| v != "0");
+        if liberal && settings.drop_invalid {
+            tracing::info!(
+                "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+            );
+            settings.drop_invalid = false;
+        }
         Self {
             settings,
             runner,
@@ -227,7 +242,28 @@ impl<R: Runner> IptablesDataplane<R> {
             udp: UdpTracker::default(),
             sent: PayloadSize::default(),
             verified: None,
+            route_localnet: false,
         }
+    }
+
+    /// Sets `route_localnet=1` once, when localhost node ports are served (kube-proxy
+    /// does the same; the martian guard in the filter table comes with it).
+    fn allow_localhost_node_ports(&mut self) -> Result<(), DataplaneError> {
+        if self.route_localnet || !self.settings.localhost_nodeports_on() {
+            return Ok(());
+        }
+        tracing::info!(
+            "setting route_localnet=1 to allow node ports on localhost; to change this \
+             leave out --iptables-localhost-nodeports or set --nodeport-addresses without \
+             a loopback CIDR"
+        );
+        // The chart's privileged init container sets it; set here where /proc/sys is
+        // writable (a plain process on the node).
+        if self.runner.read_sysctl(ROUTE_LOCALNET)?.as_deref() != Some("1") {
+            self.runner.write_sysctl(ROUTE_LOCALNET, "1")?;
+        }
+        self.route_localnet = true;
+        Ok(())
     }
 
     /// A dataplane whose back end is chosen by `choice` (asking the kernel for `Auto`).
@@ -449,8 +485,16 @@ fn family_header(backend: Backend, family: Family) -> String {
     format!("# {} --noflush\n", backend.binary(family, Tool::Restore))
 }
 
+/// With it non-zero, conntrack tracks TCP liberally and the INVALID drop is left out.
+const BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+/// Lets 127.0.0.0/8 be routed (DNAT of localhost node ports).
+const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+
 impl<R: Runner> Dataplane for IptablesDataplane<R> {
     fn sync(&mut self, plan: &MergedPlan, dry_run: bool) -> Result<SyncReport, DataplaneError> {
+        if !dry_run {
+            self.allow_localhost_node_ports()?;
+        }
         let mut text = ReportText::new(if dry_run {
             usize::MAX
         } else {
@@ -526,7 +570,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             self.families[index(family)].kernel = None;
             let nothing = FamilyInputs {
                 entries: Vec::new(),
-                local_cidr: None,
+                local: None,
                 node_addresses: Vec::new(),
             };
             let done = self.sync_family(family, nothing, false, &mut text)?;

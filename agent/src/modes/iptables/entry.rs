@@ -9,12 +9,12 @@ use proxyplan_crds::{
 };
 
 use super::builder::Builder;
-use crate::ruleset::names;
+use crate::ruleset::{LocalMatch, names};
 
 /// The rules of one service port entry.
 pub(super) struct EntryRules<'e> {
     pub(super) entry: &'e ServicePortPlan,
-    pub(super) local_cidr: Option<&'e str>,
+    pub(super) local: Option<&'e LocalMatch>,
     pub(super) node_addresses: &'e [IpAddr],
 }
 
@@ -86,6 +86,17 @@ impl EntryRules<'_> {
         if let Some(external) = self.entry.external {
             self.external(out, &external);
         }
+        if let Some(port) = self.entry.health_check_node_port {
+            // As kube-proxy: accepted whether or not there are local endpoints, for
+            // nodes whose INPUT policy drops what no rule accepts.
+            out.filter(
+                names::HEALTH_CHECKS,
+                format!(
+                    "{} -m tcp -p tcp --dport {port} -j ACCEPT",
+                    self.comment("health check node port")
+                ),
+            );
+        }
     }
 
     fn internal(&self, out: &mut Builder<'_>) {
@@ -125,13 +136,14 @@ impl EntryRules<'_> {
                 ),
             );
         } else if e.masquerade.off_cluster_to_cluster_ip
-            && let Some(cidr) = self.local_cidr
+            && let Some(local) = self.local
         {
             out.nat(
                 chain,
                 format!(
-                    "{} ! -s {cidr} {vip} -j {}",
+                    "{} {} {vip} -j {}",
                     self.comment("cluster IP"),
+                    local.not_local(),
                     names::MARK_MASQ
                 ),
             );
@@ -225,12 +237,13 @@ impl EntryRules<'_> {
             );
         }
         if external.policy == TrafficPolicy::Local && !e.cluster_endpoints.is_empty() {
-            if let Some(cidr) = self.local_cidr {
+            if let Some(local) = self.local {
                 out.nat(
                     ext,
                     format!(
-                        "{} -s {cidr} -j {svc}",
-                        self.comment("pod traffic for external destinations")
+                        "{} {} -j {svc}",
+                        self.comment("pod traffic for external destinations"),
+                        local.local()
                     ),
                 );
             }

@@ -9,13 +9,14 @@ use proxyplan_crds::{IpFamily, ServicePortPlan};
 use super::render::{FamilyInputs, render_entries};
 use super::settings::RenderSettings;
 use crate::kernel::family::Family;
+use crate::ruleset::LocalMatch;
 use crate::ruleset::hash::{ContentHasher, RevisionHasher, hash_entry};
 use crate::ruleset::names::{ChainName, HashedName};
 use crate::ruleset::rules::{BaseJump, FamilyRules, TableName};
 use crate::ruleset::save::KernelFamily;
 
 /// Node-local inputs of the rendering; a change re-renders everything.
-pub(super) type Context = (RenderSettings, Option<String>, Vec<IpAddr>);
+pub(super) type Context = (RenderSettings, Option<LocalMatch>, Vec<IpAddr>);
 
 /// A rule appended to a fixed chain after every entry's.
 pub(super) type TailRule = (TableName, &'static str, String);

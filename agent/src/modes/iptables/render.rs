@@ -21,8 +21,8 @@ use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 use super::builder::Builder;
 use super::entry::EntryRules;
 use super::settings::RenderSettings;
-use crate::ruleset::names;
 use crate::ruleset::rules::{FamilyRules, Ruleset, TableName};
+use crate::ruleset::{LocalMatch, names};
 
 /// Renders the rules of both families.
 #[must_use]
@@ -39,8 +39,8 @@ pub fn render(plan: &MergedPlan, settings: &RenderSettings) -> Ruleset {
 pub(crate) struct FamilyInputs<'p> {
     /// The family's entries, in plan order.
     pub(crate) entries: Vec<&'p ServicePortPlan>,
-    /// The node's local-traffic CIDR of this family.
-    pub(crate) local_cidr: Option<String>,
+    /// How this family's rules tell in-cluster traffic.
+    pub(crate) local: Option<LocalMatch>,
     /// The node's addresses of this family.
     pub(crate) node_addresses: Vec<IpAddr>,
 }
@@ -55,12 +55,7 @@ impl<'p> FamilyInputs<'p> {
                 .filter(|e| e.family == family)
                 .map(AsRef::as_ref)
                 .collect(),
-            local_cidr: plan
-                .local_traffic
-                .cidrs
-                .iter()
-                .find(|c| c.contains(':') == v6)
-                .cloned(),
+            local: LocalMatch::of(&plan.local_traffic, family),
             node_addresses: plan
                 .addresses
                 .iter()
@@ -76,7 +71,7 @@ impl<'p> FamilyInputs<'p> {
 fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily) -> FamilyRules {
     let FamilyInputs {
         entries,
-        local_cidr,
+        local,
         node_addresses,
     } = FamilyInputs::of(plan, family);
     if entries.is_empty() {
@@ -87,7 +82,7 @@ fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily)
     for entry in entries {
         EntryRules {
             entry,
-            local_cidr: local_cidr.as_deref(),
+            local: local.as_ref(),
             node_addresses: &node_addresses,
         }
         .write(&mut out);
@@ -134,7 +129,7 @@ pub(crate) fn render_entries(
     for entry in entries {
         EntryRules {
             entry,
-            local_cidr: inputs.local_cidr.as_deref(),
+            local: inputs.local.as_ref(),
             node_addresses: &inputs.node_addresses,
         }
         .write(&mut out);

@@ -8,6 +8,14 @@ pub struct RenderSettings {
     pub masquerade_bit: u8,
     /// Destinations that accept node ports (CIDRs); empty means every local address.
     pub nodeport_cidrs: Vec<String>,
+    /// Drop forwarded packets conntrack finds invalid (kube-proxy's iptables mode, unless
+    /// `nf_conntrack_tcp_be_liberal` is set: the dataplane clears this when it is).
+    pub drop_invalid: bool,
+    /// Accept IPv4 node ports on `127.0.0.0/8` (kube-proxy's
+    /// `--iptables-localhost-nodeports`): sets `route_localnet=1` and adds the martian
+    /// guard kube-proxy adds. Only when the node-port addresses include loopback (or are
+    /// every address).
+    pub localhost_nodeports: bool,
 }
 
 impl Default for RenderSettings {
@@ -15,13 +23,63 @@ impl Default for RenderSettings {
         Self {
             masquerade_bit: 13,
             nodeport_cidrs: Vec::new(),
+            drop_invalid: true,
+            localhost_nodeports: false,
         }
     }
 }
 
 impl RenderSettings {
+    /// Whether IPv4 node ports are served on loopback: asked for, and loopback is a
+    /// node-port address (kube-proxy's rule: `--nodeport-addresses` without a loopback
+    /// CIDR turns it off).
+    #[must_use]
+    pub fn localhost_nodeports_on(&self) -> bool {
+        let v4: Vec<&String> = self
+            .nodeport_cidrs
+            .iter()
+            .filter(|c| !c.contains(':'))
+            .collect();
+        self.localhost_nodeports && (v4.is_empty() || v4.iter().any(|c| contains_localhost(c)))
+    }
+
     /// The mark bit as `iptables` takes it.
     pub(super) fn mark(&self) -> String {
         format!("{:#x}", 1u32 << self.masquerade_bit.min(31))
+    }
+}
+
+/// Whether an IPv4 CIDR (`127.0.0.0/8`) contains 127.0.0.1.
+fn contains_localhost(cidr: &str) -> bool {
+    let Some((ip, len)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(ip), Ok(len)) = (ip.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    let mask = u32::MAX.checked_shl(32 - len.min(32)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(std::net::Ipv4Addr::LOCALHOST) & mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn localhost_node_ports_need_loopback_among_the_node_port_addresses() {
+        let settings = |cidrs: &[&str]| RenderSettings {
+            localhost_nodeports: true,
+            nodeport_cidrs: cidrs.iter().map(|c| (*c).to_owned()).collect(),
+            ..RenderSettings::default()
+        };
+        assert!(settings(&[]).localhost_nodeports_on());
+        assert!(settings(&["127.0.0.0/8", "10.0.0.0/8"]).localhost_nodeports_on());
+        assert!(settings(&["0.0.0.0/0"]).localhost_nodeports_on());
+        assert!(!settings(&["10.0.0.0/8"]).localhost_nodeports_on());
+        assert!(
+            settings(&["fd00::/64"]).localhost_nodeports_on(),
+            "no IPv4 CIDR: all"
+        );
+        assert!(!RenderSettings::default().localhost_nodeports_on());
     }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use proxyplan_crds::MergedPlan;
+use tracing::{info, warn};
 
 use super::desired::{ChangedEntries, Desired, HeldSets};
 use super::model::Model;
@@ -116,6 +117,12 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         &self.kernel
     }
 
+    /// The kernel handle, to change (for tests to tamper with a fake).
+    #[must_use]
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
     /// The runner (for tests to inspect a fake).
     #[must_use]
     pub fn runner(&self) -> &R {
@@ -142,6 +149,31 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         }
     }
 
+    /// Sets IPVS's connection timeouts when a flag asks for one (as kube-proxy, once; a
+    /// failure is a warning, not a failed sync).
+    fn set_timeouts(&mut self, payload: &mut String, dry_run: bool) {
+        let timeouts = self.settings.timeouts;
+        if timeouts.is_unset() {
+            return;
+        }
+        payload.push_str(&format!(
+            "# ipvsadm --set {} {} {}\n",
+            timeouts.tcp, timeouts.tcp_fin, timeouts.udp
+        ));
+        if dry_run {
+            return;
+        }
+        match self.kernel.set_timeouts(timeouts) {
+            Ok(()) => info!(
+                tcp = timeouts.tcp,
+                tcp_fin = timeouts.tcp_fin,
+                udp = timeouts.udp,
+                "IPVS connection timeouts set (0: left as the kernel has it)"
+            ),
+            Err(err) => warn!(%err, "cannot set the IPVS connection timeouts; going on without"),
+        }
+    }
+
     /// Forgets the model: the next sync reads the kernel again.
     pub fn invalidate(&mut self) {
         self.model = None;
@@ -165,11 +197,18 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             if !dry_run {
                 self.sysctls = checks;
             }
+            self.set_timeouts(&mut report.payload, dry_run);
         }
         let had_model = self.model.is_some();
         let mut model = match self.model.take() {
             Some(model) => model,
-            None => Model::read(&mut self.kernel, &self.settings, &self.scheduler, !dry_run)?,
+            None => Model::read(
+                &mut self.kernel,
+                &self.settings,
+                &self.scheduler,
+                !dry_run,
+                &BTreeSet::new(),
+            )?,
         };
         let node = render::node_context(plan, &self.settings, model.local.iter().copied());
         // From scratch right after the kernel was read, in a dry run, and when the node's
@@ -585,36 +624,80 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         Ok((payload, changed))
     }
 
-    /// Whether IPVS, the interface and the sets still hold what the model says (counted,
-    /// not compared entry by entry).
+    /// Whether IPVS, the interface and the sets still hold what the model says: the
+    /// kernel is read again in full (every virtual server with its real servers, every
+    /// address, every set entry) and compared. When something differs, what was read
+    /// becomes the model, so the next sync compares the plan with it and restores what
+    /// went missing.
     fn ipvs_intact(&mut self) -> Result<bool, DataplaneError> {
         let Some(model) = self.model.take() else {
             return Ok(true);
         };
-        let link = self.kernel.link_index(&self.settings.interface)?;
-        let services = self.kernel.services()?;
-        let owned = services
-            .iter()
-            .filter(|s| model.owns(&self.settings, s))
-            .count();
-        let addresses = self.kernel.addresses()?;
-        let local: BTreeSet<IpAddr> = addresses
-            .iter()
-            .filter(|a| Some(a.index) != link)
-            .map(|a| a.ip)
-            .collect();
-        let vips = addresses.iter().filter(|a| Some(a.index) == link).count();
-        let sets = self.kernel.set_names()?.len();
-        let intact = link == model.link
-            && owned == model.services.len()
-            && vips == model.vips.len()
-            && local == model.local
-            && sets == self.desired.set_ids().count();
+        let fresh = Model::read(
+            &mut self.kernel,
+            &self.settings,
+            &self.scheduler,
+            false,
+            &model.vips,
+        )?;
+        let sets_intact = match &fresh.sets {
+            Some(sets) => match &model.sets {
+                // Read, and no sync since: compare with that read.
+                Some(held) => held == sets,
+                None => self.desired.holds_exactly(sets),
+            },
+            None => false,
+        };
+        let intact = sets_intact
+            && fresh.link == model.link
+            && fresh.vips == model.vips
+            && fresh.local == model.local
+            && fresh.services == model.services;
         if intact {
             self.model = Some(model);
+        } else if fresh.link.is_some() {
+            // The next sync is a full one against what the kernel holds (its sets are
+            // in `fresh`).
+            self.model = Some(fresh);
+        }
+        // Without the interface the model stays unset: the next sync reads the kernel
+        // again and creates it.
+        Ok(intact)
+    }
+
+    /// Whether `family`'s tables still hold the agent's chains and jumps as last written;
+    /// when not, what was read is kept for the next sync to compare with.
+    fn tables_intact(&mut self, family: Family) -> Result<bool, DataplaneError> {
+        let i = index(family);
+        let fresh = self.tables().read_family(family, true)?;
+        let intact = self.frame[i]
+            .as_ref()
+            .is_some_and(|held| same_rules(held, &fresh));
+        if !intact {
+            self.frame[i] = Some(fresh);
         }
         Ok(intact)
     }
+}
+
+/// Whether two reads of a family's tables hold the same chains (revision and rule
+/// count) and the same jumps from built-in chains (wherever they stand).
+fn same_rules(a: &KernelFamily, b: &KernelFamily) -> bool {
+    [TableName::Filter, TableName::Nat].into_iter().all(|name| {
+        let (a, b) = (a.table(name), b.table(name));
+        let words = |t: &crate::ruleset::save::KernelTable| -> Vec<(String, Vec<Vec<String>>)> {
+            t.jumps
+                .iter()
+                .map(|(chain, jumps)| {
+                    (
+                        chain.clone(),
+                        jumps.iter().map(|j| j.words.clone()).collect(),
+                    )
+                })
+                .collect()
+        };
+        a.chains == b.chains && words(a) == words(b)
+    })
 }
 
 impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
@@ -634,25 +717,30 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         result
     }
 
+    /// The periodic check: re-reads everything the mode owns (each programmed family's
+    /// tables, the IPVS table with every real server, the dummy interface's addresses,
+    /// the sets with their entries) and compares it with what the agent wrote. Whatever
+    /// differs is what the next sync compares the plan with, so one sync restores it.
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
+        let mut intact = true;
         for family in FAMILIES {
-            if !self.programmed[index(family)] {
-                continue;
-            }
-            for table in [TableName::Nat, TableName::Filter] {
-                if !self.tables().canary_intact(family, table)? {
-                    self.frame[index(family)] = None;
-                    return Ok(false);
-                }
+            if self.programmed[index(family)] {
+                intact &= self.tables_intact(family)?;
             }
         }
-        self.ipvs_intact()
+        Ok(self.ipvs_intact()? && intact)
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         let mut report = SyncReport::default();
         self.invalidate();
-        let mut model = Model::read(&mut self.kernel, &self.settings, &self.scheduler, false)?;
+        let mut model = Model::read(
+            &mut self.kernel,
+            &self.settings,
+            &self.scheduler,
+            false,
+            &BTreeSet::new(),
+        )?;
         let mut rounds = OpRounds::new(false);
         for (key, held) in &model.services {
             rounds.service(OpKind::DeleteService, held.service(key));

@@ -157,6 +157,11 @@ impl EntryCounts {
         }
     }
 
+    /// How many entries are wanted, over all sets.
+    fn len(&self) -> usize {
+        self.other.len() + self.loop_back4.len() + self.loop_back6.len()
+    }
+
     /// Every wanted entry with its set, in no particular order.
     fn keys(&self) -> impl Iterator<Item = (SetId, SetEntry)> + '_ {
         let v4 = self
@@ -413,6 +418,32 @@ impl Desired {
             .collect()
     }
 
+    /// Whether `sets` (as read from the kernel) hold exactly what is wanted: the wanted
+    /// sets with their types, each holding only wanted entries, as many as are wanted.
+    #[must_use]
+    pub fn holds_exactly(&self, sets: &Sets) -> bool {
+        let wanted: BTreeMap<String, SetId> = self.set_ids().map(|id| (id.name(), id)).collect();
+        if sets.len() != wanted.len() {
+            return false;
+        }
+        let mut held = 0;
+        for (name, set) in sets {
+            let Some(id) = wanted.get(name) else {
+                return false;
+            };
+            if set.spec != id.spec()
+                || !set
+                    .entries
+                    .iter()
+                    .all(|e| self.entries.contains(&(*id, *e)))
+            {
+                return false;
+            }
+            held += set.entries.len();
+        }
+        held == self.entries.len()
+    }
+
     /// The names of the sets that must exist.
     #[must_use]
     pub fn set_names(&self) -> HashMap<SetId, String> {
@@ -575,6 +606,7 @@ mod tests {
                 )),
                 Arc::new(entry("b", "10.96.0.2", &[("10.244.1.1", 80)])),
             ],
+            service_cidrs: Vec::new(),
         });
         let mut desired = Desired::new();
         desired.rebuild(&plan, NodeContext::default());

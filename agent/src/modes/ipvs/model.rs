@@ -12,7 +12,23 @@ use super::render::{RealServer, VirtualServerKey};
 use super::settings::IpvsSettings;
 use crate::kernel::error::DataplaneError;
 use crate::kernel::ipset::Sets;
-use crate::kernel::ipvs::{IP_VS_SVC_F_PERSISTENT, IpvsKernel, IpvsService};
+use crate::kernel::ipvs::{
+    IP_VS_SVC_F_PERSISTENT, IP_VS_SVC_F_SCHED_MH_PORT, IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2,
+    IP_VS_SVC_F_SCHED3, IpvsKernel, IpvsService,
+};
+
+/// The scheduler flags (`IP_VS_SVC_F_SCHED1..3`) of a virtual server's flags.
+const SCHED_FLAGS: u32 = IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2 | IP_VS_SVC_F_SCHED3;
+
+/// The scheduler flags a virtual server with `scheduler` gets: `mh` hashes the source
+/// port too (`IP_VS_SVC_F_SCHED_MH_PORT`, as kube-proxy sets it), every other none.
+pub(super) fn sched_flags(scheduler: &str) -> u32 {
+    if scheduler == "mh" {
+        IP_VS_SVC_F_SCHED_MH_PORT
+    } else {
+        0
+    }
+}
 
 /// A real server as the kernel holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +44,8 @@ pub(super) struct HeldService {
     pub(super) scheduler: Arc<str>,
     /// The persistence timeout of a persistent service.
     pub(super) persistence: Option<u32>,
+    /// Its scheduler flags (`IP_VS_SVC_F_SCHED1..3`).
+    pub(super) sched_flags: u32,
     pub(super) real_servers: BTreeMap<RealServer, HeldRealServer>,
 }
 
@@ -54,15 +72,17 @@ pub(super) struct Model {
     pub(super) sets: Option<Sets>,
 }
 
-/// The IPVS service for a key, with a persistence timeout or none.
+/// The IPVS service for a key, with a persistence timeout or none, and the scheduler's
+/// flags ([`sched_flags`]).
 pub(super) fn ipvs_service(
     key: &VirtualServerKey,
     persistence: Option<u32>,
     scheduler: &str,
 ) -> IpvsService {
     let mut service = IpvsService::new(key.protocol, key.addr, key.port, scheduler);
+    service.flags = sched_flags(scheduler);
     if let Some(timeout) = persistence {
-        service.flags = IP_VS_SVC_F_PERSISTENT;
+        service.flags |= IP_VS_SVC_F_PERSISTENT;
         service.timeout = timeout;
     }
     service
@@ -78,12 +98,15 @@ impl Model {
     }
 
     /// Reads what the kernel holds, creating the dummy interface when it is missing and
-    /// `create_link` says so. Services share `scheduler` when they use it.
+    /// `create_link` says so. Services share `scheduler` when they use it. Virtual
+    /// servers on `vips_held` count as the agent's even when their address is no longer
+    /// on the dummy interface (someone deleted it; the next sync puts it back).
     pub(super) fn read(
         kernel: &mut impl IpvsKernel,
         settings: &IpvsSettings,
         scheduler: &Arc<str>,
         create_link: bool,
+        vips_held: &BTreeSet<IpAddr>,
     ) -> Result<Self, DataplaneError> {
         let name = settings.interface.clone();
         let mut link = kernel.link_index(&name)?;
@@ -104,7 +127,10 @@ impl Model {
             }
         }
         for service in kernel.services()? {
-            if !model.owns(settings, &service) {
+            let held = service.fwmark.is_none()
+                && !settings.excluded(service.addr)
+                && vips_held.contains(&service.addr);
+            if !held && !model.owns(settings, &service) {
                 continue;
             }
             let real_servers = kernel
@@ -126,6 +152,7 @@ impl Model {
                         Arc::from(service.scheduler.as_str())
                     },
                     persistence: service.is_persistent().then_some(service.timeout),
+                    sched_flags: service.flags & SCHED_FLAGS,
                     real_servers,
                 },
             );

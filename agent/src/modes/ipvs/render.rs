@@ -18,13 +18,12 @@ use proxyplan_crds::{
     EmptyAction, Endpoint, IpFamily, LoadBalancerIpMode, MergedPlan, Protocol, ServicePortPlan,
 };
 
-use super::rules::rules;
+use super::rules::{self, rules};
 use super::sets::{Role, SetId};
 use super::settings::IpvsSettings;
 use crate::kernel::ipset::{IpSet, SetEntry, Sets};
 use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, protocol_name, socket_text};
 use crate::ruleset::rules::Ruleset;
-use crate::run::Cidr;
 
 /// A virtual server's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -100,14 +99,26 @@ fn proto_number(p: Protocol) -> u8 {
     }
 }
 
-/// What the node itself adds to every entry: its node-port addresses and all its
-/// addresses (for load-balancer source ranges that cover the node).
+/// What the node itself adds to every entry: its node-port addresses, its local
+/// addresses (a VIP that is one of them is not put on the dummy interface, so new
+/// connections to it are not filtered) and the plan's node addresses (for load-balancer
+/// source ranges that cover the node).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeContext {
     /// Addresses that accept node ports ([`IpvsSettings::nodeport_addresses`]).
     pub nodeport_addresses: Vec<IpAddr>,
+    /// The node's addresses on interfaces other than the dummy one, sorted.
+    pub local_addresses: Vec<IpAddr>,
     /// The node's addresses from the plan.
     pub node_addresses: Vec<IpAddr>,
+}
+
+impl NodeContext {
+    /// Whether `ip` is one of the node's own addresses (not a VIP of the dummy interface).
+    #[must_use]
+    pub fn is_local(&self, ip: IpAddr) -> bool {
+        self.local_addresses.binary_search(&ip).is_ok()
+    }
 }
 
 /// What one plan entry puts into the kernel. Several entries may want the same address
@@ -166,10 +177,18 @@ pub fn contribute(e: &ServicePortPlan, node: &NodeContext, out: &mut Contributio
         addr,
         port,
     };
+    // A VIP and its port: every new connection to the VIP on another port is rejected.
+    let filtered_vip = |addr: IpAddr, add: &mut dyn FnMut(Role, SetEntry)| {
+        add(Role::VipPort, ip_port(addr));
+        if !node.is_local(addr) {
+            add(Role::Vip, SetEntry::Ip(addr));
+        }
+    };
     // Internal traffic: the cluster IP.
     if let Ok(cluster_ip) = e.cluster_ip.parse::<IpAddr>() {
         let internal = real_servers(e.endpoints_for(&e.internal));
         out.addresses.push(cluster_ip);
+        filtered_vip(cluster_ip, &mut add);
         if e.masquerade.all {
             add(Role::ClusterIpAll, ip_port(cluster_ip));
         } else if e.masquerade.off_cluster_to_cluster_ip {
@@ -207,6 +226,7 @@ pub fn contribute(e: &ServicePortPlan, node: &NodeContext, out: &mut Contributio
             continue;
         };
         out.addresses.push(addr);
+        filtered_vip(addr, &mut add);
         if e.masquerade.external {
             add(Role::External, ip_port(addr));
         }
@@ -244,25 +264,12 @@ fn source_ranges(
     node_addresses: &[IpAddr],
     add: &mut impl FnMut(Role, SetEntry),
 ) {
-    let ranges: Vec<Cidr> = e
-        .load_balancer_source_ranges
-        .iter()
-        .filter_map(|r| r.parse::<Cidr>().ok())
-        .collect();
-    if ranges.is_empty() {
+    let Some((ranges, covers_node)) = rules::source_ranges(e, node_addresses) else {
         return;
-    }
+    };
     let v6 = e.family == IpFamily::IPv6;
     let p = proto_number(e.protocol);
-    let covers_node = ranges
-        .iter()
-        .any(|r| node_addresses.iter().any(|a| r.contains(*a)));
-    let lb_ips = e
-        .load_balancer_ips
-        .iter()
-        .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
-        .filter_map(|lb| lb.ip.parse::<IpAddr>().ok());
-    for ip in lb_ips {
+    for ip in rules::lb_vips(e) {
         add(Role::LbFw, SetEntry::IpPort(ip, p, e.port));
         for range in ranges.iter().filter(|r| r.addr().is_ipv6() == v6) {
             add(
@@ -284,8 +291,12 @@ pub fn node_context(
     settings: &IpvsSettings,
     local_addresses: impl IntoIterator<Item = IpAddr>,
 ) -> NodeContext {
+    let mut local: Vec<IpAddr> = local_addresses.into_iter().collect();
+    local.sort_unstable();
+    local.dedup();
     NodeContext {
-        nodeport_addresses: settings.nodeport_addresses(local_addresses),
+        nodeport_addresses: settings.nodeport_addresses(local.iter().copied()),
+        local_addresses: local,
         node_addresses: plan.addresses.clone(),
     }
 }
@@ -308,6 +319,7 @@ pub fn render(
 ) -> IpvsState {
     let node = NodeContext {
         nodeport_addresses: nodeport_addresses.to_vec(),
+        local_addresses: Vec::new(),
         node_addresses: plan.addresses.clone(),
     };
     let used = families(plan);

@@ -1,13 +1,78 @@
 //! The fixed iptables rules of the ipvs mode: a handful of rules, in the agent's own
 //! chains, that match its ipsets for masquerade, node ports, the load-balancer firewall
-//! and source ranges, whatever the plan holds.
+//! and source ranges, and the filter that keeps the node's own listeners off the VIPs
+//! (kube-proxy's KUBE-IPVS-FILTER), whatever the plan holds. The one exception is the
+//! output filter (kube-proxy's KUBE-IPVS-OUT-FILTER): one rule per load-balancer IP and
+//! port whose source ranges leave the node out, usually none.
 
-use proxyplan_crds::{IpFamily, MergedPlan};
+use std::net::IpAddr;
+
+use proxyplan_crds::{IpFamily, LoadBalancerIpMode, MergedPlan, ServicePortPlan};
 
 use super::sets::{PROTOCOLS, Role, proto, set_name};
 use super::settings::IpvsSettings;
-use crate::ruleset::names;
 use crate::ruleset::rules::{BaseJump, FamilyRules, Ruleset, TableRules};
+use crate::ruleset::{LocalMatch, names};
+use crate::run::Cidr;
+
+/// The filter chain at the head of `INPUT` that rejects new connections to a VIP on a
+/// port no service uses (kube-proxy's KUBE-IPVS-FILTER).
+pub const VIP_FILTER: &str = "PROXYPLAN-IPVS-FILTER";
+/// The filter chain in `OUTPUT` that drops the node's own connections to load-balancer
+/// IPs whose source ranges leave the node out (kube-proxy's KUBE-IPVS-OUT-FILTER).
+pub const VIP_OUT_FILTER: &str = "PROXYPLAN-IPVS-OUT-FILTER";
+
+/// An entry's `loadBalancerSourceRanges` (those that parse), and whether one of them
+/// covers one of `node_addresses`; `None` without ranges.
+#[must_use]
+pub fn source_ranges(e: &ServicePortPlan, node_addresses: &[IpAddr]) -> Option<(Vec<Cidr>, bool)> {
+    let ranges: Vec<Cidr> = e
+        .load_balancer_source_ranges
+        .iter()
+        .filter_map(|r| r.parse::<Cidr>().ok())
+        .collect();
+    if ranges.is_empty() {
+        return None;
+    }
+    let covers_node = ranges
+        .iter()
+        .any(|r| node_addresses.iter().any(|a| r.contains(*a)));
+    Some((ranges, covers_node))
+}
+
+/// The load-balancer IPs the node holds as VIPs (not `ipMode: Proxy`).
+pub fn lb_vips(e: &ServicePortPlan) -> impl Iterator<Item = IpAddr> + '_ {
+    e.load_balancer_ips
+        .iter()
+        .filter(|lb| lb.mode == LoadBalancerIpMode::VIP)
+        .filter_map(|lb| lb.ip.parse::<IpAddr>().ok())
+}
+
+/// kube-proxy's KUBE-IPVS-OUT-FILTER rules of `family`: the node reaching a load-balancer
+/// IP it holds uses that IP as its source, and IPVS takes the connection in `OUTPUT`
+/// before any `INPUT` firewall sees it; so when the source ranges leave the node out, the
+/// connection is dropped here, matched by its virtual server.
+fn out_filter(plan: &MergedPlan, family: IpFamily) -> Vec<String> {
+    let mut rules = Vec::new();
+    let host = if family == IpFamily::IPv6 { 128 } else { 32 };
+    for e in plan
+        .service_ports
+        .iter()
+        .filter(|e| e.family == family && !e.load_balancer_source_ranges.is_empty())
+    {
+        let Some((_, false)) = source_ranges(e, &plan.addresses) else {
+            continue;
+        };
+        for ip in lb_vips(e) {
+            rules.push(format!(
+                "-s {ip}/{host} -m ipvs --vaddr {ip}/{host} --vproto {} --vport {} -j DROP",
+                proto(e.protocol),
+                e.port
+            ));
+        }
+    }
+    rules
+}
 
 /// The fixed iptables rules of the families in use.
 #[must_use]
@@ -17,13 +82,12 @@ pub fn rules(plan: &MergedPlan, settings: &IpvsSettings, families: [bool; 2]) ->
         if !used {
             continue;
         }
-        let v6 = family == IpFamily::IPv6;
-        let local_cidr = plan
-            .local_traffic
-            .cidrs
-            .iter()
-            .find(|c| c.contains(':') == v6);
-        let family_rules = frame(family, settings, local_cidr.map(String::as_str));
+        let local = LocalMatch::of(&plan.local_traffic, family);
+        let mut family_rules = frame(family, settings, local.as_ref());
+        family_rules
+            .filter
+            .chains
+            .insert(VIP_OUT_FILTER.to_owned(), out_filter(plan, family));
         match family {
             IpFamily::IPv4 => rules.v4 = family_rules,
             IpFamily::IPv6 => rules.v6 = family_rules,
@@ -37,7 +101,7 @@ fn set_match(family: IpFamily, role: Role, dirs: &str) -> String {
 }
 
 /// The fixed iptables rules of one family.
-fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) -> FamilyRules {
+fn frame(family: IpFamily, settings: &IpvsSettings, local: Option<&LocalMatch>) -> FamilyRules {
     let mark = format!("{:#x}", 1u32 << settings.masquerade_bit.min(31));
     let masq = names::MARK_MASQ;
     let comment = |text: &str| format!("-m comment --comment \"{text}\"");
@@ -86,13 +150,14 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
             set_match(family, Role::ClusterIpAll, "dst,dst")
         ),
     );
-    if let Some(cidr) = local_cidr {
+    if let Some(local) = local {
         push(
             &mut nat,
             services,
             format!(
-                "{} ! -s {cidr} {} -j {masq}",
+                "{} {} {} -j {masq}",
                 comment("proxyplan cluster IPs from outside the cluster"),
+                local.not_local(),
                 set_match(family, Role::ClusterIp, "dst,dst")
             ),
         );
@@ -145,6 +210,24 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         );
     }
     filter.chains.insert(names::CANARY.to_owned(), Vec::new());
+    // kube-proxy's KUBE-IPVS-FILTER: every VIP is a local address of the node, so without
+    // this any host listener on 0.0.0.0 (kubelet, sshd) answers on every VIP.
+    for (role, dirs) in [(Role::VipPort, "dst,dst"), (Role::HcNodePort, "dst")] {
+        push(
+            &mut filter,
+            VIP_FILTER,
+            format!("{} -j RETURN", set_match(family, role, dirs)),
+        );
+    }
+    push(
+        &mut filter,
+        VIP_FILTER,
+        format!(
+            "{} -m conntrack --ctstate NEW {} -j REJECT",
+            comment("proxyplan no service on this VIP and port"),
+            set_match(family, Role::Vip, "dst")
+        ),
+    );
     push(
         &mut filter,
         names::FIREWALL,
@@ -222,7 +305,20 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
         },
     ];
     let new = "-m conntrack --ctstate NEW";
+    let vip_filter = |chain| BaseJump {
+        chain,
+        rule: format!(
+            "{} -j {}",
+            comment("proxyplan ipvs access filter"),
+            if chain == "INPUT" {
+                VIP_FILTER
+            } else {
+                VIP_OUT_FILTER
+            }
+        ),
+    };
     filter.base_jumps = vec![
+        vip_filter("INPUT"),
         BaseJump {
             chain: "INPUT",
             rule: format!(
@@ -247,6 +343,7 @@ fn frame(family: IpFamily, settings: &IpvsSettings, local_cidr: Option<&str>) ->
                 names::FORWARD
             ),
         },
+        vip_filter("OUTPUT"),
     ];
     FamilyRules { filter, nat }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::model::{HeldRealServer, HeldService, Model, ipvs_service};
+use super::model::{HeldRealServer, HeldService, Model, ipvs_service, sched_flags};
 use super::render::{RealServer, VirtualServer, VirtualServerKey};
 use super::settings::IpvsSettings;
 use crate::kernel::error::DataplaneError;
@@ -213,6 +213,7 @@ impl ServerSync<'_> {
                     HeldService {
                         scheduler: Arc::clone(self.scheduler),
                         persistence: vs.persistence,
+                        sched_flags: sched_flags(self.scheduler),
                         real_servers: vs
                             .real_servers
                             .iter()
@@ -223,7 +224,9 @@ impl ServerSync<'_> {
             }
             return;
         };
-        let update = held.scheduler != *self.scheduler || held.persistence != vs.persistence;
+        let update = held.scheduler != *self.scheduler
+            || held.persistence != vs.persistence
+            || held.sched_flags != sched_flags(self.scheduler);
         let mut changes: Vec<(OpKind, RealServer, u32)> = Vec::new();
         for rs in &vs.real_servers {
             match held.real_servers.get(rs) {
@@ -269,6 +272,7 @@ impl ServerSync<'_> {
             if update {
                 held.scheduler = Arc::clone(self.scheduler);
                 held.persistence = vs.persistence;
+                held.sched_flags = sched_flags(self.scheduler);
             }
             for (kind, rs, weight) in changes {
                 match kind {

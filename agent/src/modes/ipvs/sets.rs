@@ -48,11 +48,18 @@ pub enum Role {
     NodePortLocal(Protocol),
     /// Node ports whose traffic is dropped (Local policy, no local endpoint).
     NodePortDrop(Protocol),
+    /// Every (VIP, port) a virtual server serves: cluster IPs, external IPs, LB IPs
+    /// (kube-proxy's KUBE-CLUSTER-IP, -EXTERNAL-IP, -LOAD-BALANCER together). New
+    /// connections to a [`Role::Vip`] address on any other port are rejected.
+    VipPort,
+    /// Every address on the dummy interface (kube-proxy's KUBE-IPVS-IPS): VIPs that are
+    /// not the node's own addresses on another interface.
+    Vip,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 22] = [
         Self::ClusterIp,
         Self::ClusterIpAll,
         Self::External,
@@ -73,6 +80,8 @@ impl Role {
         Self::NodePortDrop(Protocol::TCP),
         Self::NodePortDrop(Protocol::UDP),
         Self::NodePortDrop(Protocol::SCTP),
+        Self::VipPort,
+        Self::Vip,
     ];
 
     fn suffix(self) -> String {
@@ -92,6 +101,8 @@ impl Role {
             Self::NodePort(p) => port("NP", p),
             Self::NodePortLocal(p) => port("NP-LOCAL", p),
             Self::NodePortDrop(p) => port("NP-DROP", p),
+            Self::VipPort => "VIP-PORT".into(),
+            Self::Vip => "VIP".into(),
         }
     }
 
@@ -102,10 +113,11 @@ impl Role {
             | Self::External
             | Self::ExternalLocal
             | Self::LbFw
-            | Self::Drop => SetType::HashIpPort,
+            | Self::Drop
+            | Self::VipPort => SetType::HashIpPort,
             Self::LbSrcCidr => SetType::HashIpPortNet,
             Self::LbSrcIp | Self::LoopBack => SetType::HashIpPortIp,
-            Self::NodeIp => SetType::HashIp,
+            Self::NodeIp | Self::Vip => SetType::HashIp,
             Self::HcNodePort
             | Self::NodePort(_)
             | Self::NodePortLocal(_)

@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::kernel::ipvs::IpvsTimeouts;
 use crate::run::Cidr;
 
 /// Node-local inputs of the ipvs mode (agent flags, not plan content).
@@ -24,6 +25,10 @@ pub struct IpvsSettings {
     /// How long a removed TCP/SCTP real server may drain (weight 0) before it is
     /// deleted even with connections left.
     pub termination_grace: Duration,
+    /// IPVS's connection timeouts in seconds (`--ipvs-tcp-timeout`,
+    /// `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout`), set by the first sync; a 0 leaves
+    /// that one as the kernel has it, and all 0 (the default) sets nothing.
+    pub timeouts: IpvsTimeouts,
 }
 
 impl Default for IpvsSettings {
@@ -36,6 +41,7 @@ impl Default for IpvsSettings {
             nodeport_cidrs: Vec::new(),
             strict_arp: false,
             termination_grace: Duration::from_secs(120),
+            timeouts: IpvsTimeouts::default(),
         }
     }
 }
