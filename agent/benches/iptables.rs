@@ -380,7 +380,11 @@ fn run_backend(
     result.restart_reading = Some(dp.runner().take());
     let sent = dp.payload_sent();
     result.restart_sent = (sent.bytes, sent.lines);
-    assert_eq!(result.restart_sent, (0, 0), "the restarted agent sent {sent:?}");
+    assert_eq!(
+        result.restart_sent,
+        (0, 0),
+        "the restarted agent sent {sent:?}"
+    );
     let start = Instant::now();
     assert!(dp.rules_intact().expect("periodic check"), "rules differ");
     result.check_full = Some(start.elapsed());

@@ -336,7 +336,9 @@ fn deleted_jumps_are_noticed_and_restored(backend: Backend) {
                 .collect();
             assert!(!edits.is_empty(), "{}", report.payload);
             assert!(
-                edits.iter().all(|l| l.split_whitespace().nth(1) == Some(jump.chain)),
+                edits
+                    .iter()
+                    .all(|l| l.split_whitespace().nth(1) == Some(jump.chain)),
                 "{}",
                 report.payload
             );

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use proxyplan_agent::kernel::iptables::split_words;
 use proxyplan_agent::kernel::{Backend, CommandRunner, Family, Tool};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
-use proxyplan_agent::run::{Agent, ProxyMode, Settings};
 use proxyplan_agent::ruleset::names;
+use proxyplan_agent::run::{Agent, ProxyMode, Settings};
 use run_support::{MockApi, NODE, ZONE, mk_entry, mk_plan, mk_service};
 use support::{Netns, chains_of, ep};
 use tokio::sync::oneshot;
@@ -177,7 +177,11 @@ async fn run(ns: Arc<Netns>, backend: Backend) {
     api.put_service(&mk_service(
         "quiet",
         "quiet-1",
-        vec![mk_entry("quiet", "10.96.0.20", &["10.244.1.20", "10.244.2.20"])],
+        vec![mk_entry(
+            "quiet",
+            "10.96.0.20",
+            &["10.244.1.20", "10.244.2.20"],
+        )],
     ));
     api.put_plan(&mk_plan("p1", Some(ZONE), Vec::new()));
     let dataplane = IptablesDataplane::new(
@@ -214,7 +218,8 @@ async fn run(ns: Arc<Netns>, backend: Backend) {
     while start.elapsed() < PERIOD {
         driver.tick().await;
     }
-    let flush = |table: &str, chain: &str| vec!["-t".into(), table.into(), "-F".into(), chain.into()];
+    let flush =
+        |table: &str, chain: &str| vec!["-t".into(), table.into(), "-F".into(), chain.into()];
     let delete = |table: &str, line: &str| {
         let mut words = split_words(line);
         words[0] = "-D".into();
@@ -272,7 +277,10 @@ async fn run(ns: Arc<Netns>, backend: Backend) {
 
     // The churn reached the kernel all along: its last change lands.
     driver.churn = false;
-    let last = names::endpoint(WEB, &ep(&format!("10.244.3.{}:8080", driver.step % 250 + 1)));
+    let last = names::endpoint(
+        WEB,
+        &ep(&format!("10.244.3.{}:8080", driver.step % 250 + 1)),
+    );
     driver
         .until(&ns, backend, Duration::from_secs(10), "last change", |s| {
             chains_of(s, "nat").contains_key(&last)

@@ -285,9 +285,8 @@ impl FamilyCache {
     /// flushed and still referenced by someone else's chain); a jump from a built-in
     /// chain missing, moved out of order, altered or added.
     pub(crate) fn difference(&self, kernel: &mut KernelFamily) -> Option<String> {
-        if self.context.is_none() {
-            return None;
-        }
+        // Nothing synced yet: nothing to compare with.
+        self.context.as_ref()?;
         kernel.filter.chains.clear_seen();
         kernel.nat.chains.clear_seen();
         let wanted = self
