@@ -127,19 +127,7 @@ fn normalized(text: &str) -> String {
 
 /// The namespace, or a SKIPPED line and `None` when the back end does not work there.
 fn namespace(backend: Backend) -> Option<Netns> {
-    let ns = match Netns::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return None;
-        }
-    };
-    let probe = backend.binary(Family::V4, Tool::Iptables);
-    if !ns.try_run(&[&probe, "-t", "nat", "-S"]) {
-        println!("SKIPPED: {probe} does not work in a network namespace here");
-        return None;
-    }
-    Some(ns)
+    support::namespace_for(backend)
 }
 
 /// Rules someone else put on the node.

@@ -59,19 +59,7 @@ fn web(n: u32) -> proxyplan_crds::ServiceProxyPlan {
 
 /// The namespace, or a SKIPPED line and `None`.
 fn namespace(backend: Backend) -> Option<Arc<Netns>> {
-    let ns = match Netns::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return None;
-        }
-    };
-    let probe = backend.binary(Family::V4, Tool::Iptables);
-    if !ns.try_run(&[&probe, "-t", "nat", "-S"]) {
-        println!("SKIPPED: {probe} does not work in a network namespace here");
-        return None;
-    }
-    Some(Arc::new(ns))
+    support::namespace_for(backend).map(Arc::new)
 }
 
 /// The v4 ruleset as `iptables-save` prints it (off the async threads).

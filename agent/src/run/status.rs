@@ -198,10 +198,7 @@ fn ready_condition(observation: &Observation<'_>) -> (bool, String, String) {
     // it still holds what the previous agent programmed (and a failed read-back says
     // nothing about it either).
     let keeping = observation.applied.map_or_else(
-        || {
-            "; this agent has applied no revision yet, the kernel keeps whatever rules it held"
-                .to_owned()
-        },
+        || "; the kernel keeps whatever rules it held when this agent started".to_owned(),
         |a| format!("; revision {} stays programmed", a.plan.revision),
     );
     match observation.outcome {
@@ -846,7 +843,7 @@ mod tests {
         assert!(
             ready
                 .message
-                .ends_with("the kernel keeps whatever rules it held"),
+                .ends_with("the kernel keeps whatever rules it held when this agent started"),
             "{}",
             ready.message
         );

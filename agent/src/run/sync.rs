@@ -268,7 +268,7 @@ impl SyncLoop {
 
     fn note_outcome(&mut self) {
         let kept = self.applied.as_ref().map_or_else(
-            || "whatever rules it held before this agent started".to_owned(),
+            || "whatever rules it held when this agent started".to_owned(),
             |a| format!("revision {}", a.plan.revision),
         );
         let summary = match &self.outcome {
