@@ -140,9 +140,11 @@ struct RenderArgs {
     #[arg(long, default_value_t = 13, value_parser = clap::value_parser!(u8).range(0..=31))]
     masquerade_bit: u8,
     /// Node ports (and health-check node ports) accept traffic only to node addresses in
-    /// these CIDRs; repeat or comma-separate. Default: every address.
-    #[arg(long, value_name = "CIDR", value_delimiter = ',', num_args = 1..)]
-    nodeport_addresses: Vec<Cidr>,
+    /// these CIDRs; repeat or comma-separate. Or `primary` (kube-proxy's keyword): only
+    /// the node's primary IP of each family (its first InternalIP, else ExternalIP).
+    /// Default: every address.
+    #[arg(long, value_name = "CIDR|primary", value_delimiter = ',', num_args = 1.., value_parser = parse_nodeport_address)]
+    nodeport_addresses: Vec<NodePortAddress>,
     /// iptables mode, IPv4: also accept node ports on 127.0.0.0/8 (kube-proxy's
     /// --iptables-localhost-nodeports, on by default there). Sets route_localnet=1 and
     /// adds kube-proxy's guard against martian packets to 127.0.0.0/8; has no effect when
@@ -290,6 +292,12 @@ struct RunArgs {
     /// Address of /metrics (kube-proxy's port).
     #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:10249")]
     metrics_bind_address: SocketAddr,
+    /// Directory for what must outlive an agent restart but not a reboot (a tmpfs): the
+    /// health-check node ports' last answers, served again by a restarted agent while the
+    /// kernel holds its rules and it has no plan of its own applied yet (a refused plan,
+    /// an unreachable API server). Empty keeps nothing.
+    #[arg(long, value_name = "DIR", default_value = "/run/proxyplan")]
+    state_dir: PathBuf,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
@@ -355,19 +363,52 @@ impl Cli {
     }
 }
 
+/// One `--nodeport-addresses` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodePortAddress {
+    /// `primary`.
+    Primary,
+    /// A CIDR.
+    Cidr(Cidr),
+}
+
+fn parse_nodeport_address(text: &str) -> Result<NodePortAddress, String> {
+    if text == "primary" {
+        return Ok(NodePortAddress::Primary);
+    }
+    text.parse()
+        .map(NodePortAddress::Cidr)
+        .map_err(|why| format!("{why}, or primary"))
+}
+
 impl RenderArgs {
-    fn settings(self) -> RenderSettings {
-        let Self {
-            masquerade_bit,
-            nodeport_addresses,
-            iptables_localhost_nodeports,
-        } = self;
-        RenderSettings {
-            masquerade_bit,
-            nodeport_cidrs: nodeport_addresses.iter().map(ToString::to_string).collect(),
+    /// The CIDRs of `--nodeport-addresses`, and whether it is `primary`.
+    fn nodeport(&self) -> anyhow::Result<(Vec<Cidr>, bool)> {
+        let primary = self.nodeport_addresses.contains(&NodePortAddress::Primary);
+        let cidrs: Vec<Cidr> = self
+            .nodeport_addresses
+            .iter()
+            .filter_map(|a| match a {
+                NodePortAddress::Cidr(c) => Some(*c),
+                NodePortAddress::Primary => None,
+            })
+            .collect();
+        anyhow::ensure!(
+            !primary || cidrs.is_empty(),
+            "--nodeport-addresses: use either primary or CIDRs, not both"
+        );
+        Ok((cidrs, primary))
+    }
+
+    fn settings(self) -> anyhow::Result<RenderSettings> {
+        let (cidrs, primary) = self.nodeport()?;
+        Ok(RenderSettings {
+            masquerade_bit: self.masquerade_bit,
+            nodeport_cidrs: cidrs.iter().map(ToString::to_string).collect(),
+            nodeport_primary: primary,
             drop_invalid: true,
-            localhost_nodeports: iptables_localhost_nodeports,
-        }
+            localhost_nodeports: self.iptables_localhost_nodeports,
+        })
     }
 }
 
@@ -414,6 +455,7 @@ fn dataplane(
                 interface: ipvs_interface.clone(),
                 exclude_cidrs: ipvs_exclude_cidrs.clone(),
                 nodeport_cidrs,
+                nodeport_primary: render.nodeport_primary,
                 strict_arp: *ipvs_strict_arp,
                 termination_grace: *ipvs_termination_grace,
                 timeouts: IpvsTimeouts {
@@ -441,6 +483,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
+        state_dir,
         log,
         dataplane: dataplane_args,
         render,
@@ -455,18 +498,20 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!sync_period.is_zero(), "--sync-period must be positive");
     // Before the dataplane starts: iptables mode reads nf_conntrack_tcp_be_liberal.
     conntrack.apply();
-    let nodeport_addresses = render.nodeport_addresses.clone();
-    let dataplane = dataplane(&dataplane_args, render.settings())?;
+    let (nodeport_addresses, nodeport_primary) = render.nodeport()?;
+    let dataplane = dataplane(&dataplane_args, render.settings()?)?;
     let settings = run::Settings {
         node_name: node,
         kubeconfig,
         mode: dataplane_args.mode,
         nodeport_addresses,
+        nodeport_primary,
         min_sync_interval,
         sync_period,
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
+        state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(run::run(settings, dataplane))?;
@@ -490,7 +535,7 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     if !dry_run {
         conntrack.apply();
     }
-    let mut dataplane = dataplane(&dataplane_args, render.settings())?;
+    let mut dataplane = dataplane(&dataplane_args, render.settings()?)?;
     let started = std::time::Instant::now();
     let report = dataplane.sync_shared(&merged, dry_run)?;
     let elapsed = started.elapsed();
@@ -631,7 +676,43 @@ fn print_merged(merged: &proxyplan_crds::MergedPlan) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ipvs_timeout;
+    use clap::Parser;
+
+    use super::{Cli, Command, parse_ipvs_timeout};
+
+    fn nodeport(args: &[&str]) -> Result<(usize, bool), String> {
+        let mut argv = vec!["proxyplan-agent", "apply", "--plan", "p.yaml"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        let Command::Apply(apply) = cli.command else {
+            return Err("not apply".to_owned());
+        };
+        apply
+            .render
+            .nodeport()
+            .map(|(cidrs, primary)| (cidrs.len(), primary))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn nodeport_addresses_take_cidrs_or_primary_not_both() {
+        assert_eq!(nodeport(&[]), Ok((0, false)));
+        assert_eq!(
+            nodeport(&["--nodeport-addresses", "primary"]),
+            Ok((0, true))
+        );
+        assert_eq!(
+            nodeport(&["--nodeport-addresses", "10.0.0.0/8,fd00::/64"]),
+            Ok((2, false))
+        );
+        let both = nodeport(&["--nodeport-addresses", "primary,10.0.0.0/8"]).unwrap_err();
+        assert!(both.contains("either primary or CIDRs"), "{both}");
+        let bad = nodeport(&["--nodeport-addresses", "10.0.0.0"]).unwrap_err();
+        assert!(
+            bad.contains("--nodeport-addresses") && bad.contains("or primary"),
+            "{bad}"
+        );
+    }
 
     #[test]
     fn ipvs_timeouts_are_whole_seconds() {

@@ -245,12 +245,29 @@ pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
 #[derive(Debug, Clone, Default)]
 pub struct UdpTracker {
     paths: Option<UdpPaths>,
+    last: ConntrackRun,
+}
+
+/// What the last [`UdpTracker::clear`] did, for kube-proxy's conntrack reconciler
+/// metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConntrackRun {
+    /// Entries deleted, IPv4 and IPv6.
+    pub deleted: [usize; 2],
+    /// How long it took.
+    pub elapsed: std::time::Duration,
 }
 
 impl UdpTracker {
     /// Forgets the paths: the next sync lists the conntrack table.
     pub fn reset(&mut self) {
         self.paths = None;
+    }
+
+    /// What the last [`UdpTracker::clear`] did.
+    #[must_use]
+    pub fn last_run(&self) -> ConntrackRun {
+        self.last
     }
 
     /// Deletes the UDP conntrack entries made stale by the move to `plan`, writing each
@@ -268,6 +285,8 @@ impl UdpTracker {
         dry_run: bool,
         payload: &mut dyn FnMut(&str),
     ) -> Result<usize, DataplaneError> {
+        let started = std::time::Instant::now();
+        self.last = ConntrackRun::default();
         let mut next = None;
         let incremental = match (&mut self.paths, changes) {
             (Some(previous), Some(changes)) => previous.update(changes, false),
@@ -303,9 +322,12 @@ impl UdpTracker {
                 flow.conntrack_args().join(" ")
             ));
             if !dry_run {
-                deleted += runner.conntrack_delete(flow)?;
+                let n = runner.conntrack_delete(flow)?;
+                deleted += n;
+                self.last.deleted[usize::from(flow.family() == Family::V6)] += n;
             }
         }
+        self.last.elapsed = started.elapsed();
         // Only once deleted: a failure leaves the paths as they were, to try again.
         if !dry_run {
             match (next, &mut self.paths, changes) {

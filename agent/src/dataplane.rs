@@ -22,6 +22,8 @@ pub struct SyncReport {
     /// How long each step of the sync took (ipvs mode: `sets`, `vips`, `ipvs`, ...), for
     /// logs and benchmarks.
     pub phases: Vec<(&'static str, std::time::Duration)>,
+    /// The stale-UDP conntrack step, when the mode ran it.
+    pub conntrack: Option<crate::conntrack::ConntrackRun>,
 }
 
 /// A proxy mode's kernel programming.

@@ -188,3 +188,60 @@ fn localhost_node_ports_only_with_their_flag() {
         "{filter}"
     );
 }
+
+/// `--nodeport-addresses primary` (kube-proxy's keyword): node ports answer on the node's
+/// primary IP (the plan's first address of the family) and not on its other addresses,
+/// which answer by default.
+#[test]
+fn node_ports_on_primary_addresses_only() {
+    let Some(lab) = Lab::new(&["a1"]) else {
+        return;
+    };
+    lab.serve(
+        "a1",
+        proxyplan_agent::kernel::Family::V4,
+        Listener::Tcp,
+        8080,
+    );
+    let other = "198.51.100.7";
+    lab.exec(
+        "node",
+        &["ip", "addr", "add", &format!("{other}/32"), "dev", "lo"],
+    );
+    let web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    let mut node_plan = plan(vec![web]);
+    node_plan.addresses.push(other.parse().unwrap());
+    let reach = |ip: &str| {
+        lab.client("node")
+            .limit(Duration::from_millis(500))
+            .tcp(ip, 30080)
+    };
+
+    let mut dp = dataplane(&lab, RenderSettings::default());
+    dp.sync(&node_plan, false).expect("sync");
+    assert_eq!(
+        reach(other).backend(),
+        Some("a1/8080"),
+        "every address by default"
+    );
+    dp.cleanup().expect("cleanup");
+
+    let settings = RenderSettings {
+        nodeport_primary: true,
+        localhost_nodeports: true,
+        ..RenderSettings::default()
+    };
+    let mut dp = dataplane(&lab, settings);
+    dp.sync(&node_plan, false).expect("sync");
+    assert_eq!(reach(NODE_V4).backend(), Some("a1/8080"));
+    assert_unreachable("a secondary address with primary", &reach(other));
+    assert_unreachable(
+        "localhost with primary (kube-proxy turns localhost node ports off)",
+        &reach("127.0.0.1"),
+    );
+    let nat = lab.exec("node", &["iptables-nft-save", "-t", "nat"]);
+    assert!(nat.contains(&format!("-d {NODE_V4}/32")), "{nat}");
+}

@@ -81,6 +81,8 @@ fn settings() -> Settings {
         status_min_interval: Duration::from_secs(60),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
+        state_dir: None,
+        nodeport_primary: false,
     }
 }
 
@@ -100,7 +102,20 @@ async fn start(settings: Settings, setup: impl FnOnce(&MockApi)) -> Harness {
 }
 
 async fn start_with(settings: Settings, client: kube::Client, api: MockApi) -> Harness {
+    start_on_kernel(settings, client, api, true).await
+}
+
+/// [`start_with`] on a kernel that holds the agent's rules (`intact`) or lost them.
+async fn start_on_kernel(
+    settings: Settings,
+    client: kube::Client,
+    api: MockApi,
+    intact: bool,
+) -> Harness {
     let (fake, dataplane) = FakeDataplane::new();
+    dataplane
+        .intact
+        .store(intact, std::sync::atomic::Ordering::SeqCst);
     let agent = Agent::bind(settings, client, fake).await.unwrap();
     let healthz = agent.healthz_address();
     let metrics = agent.metrics_address();
@@ -640,6 +655,12 @@ async fn failing_syncs_degrade_and_flip_healthz_to_503() {
             "proxyplan_agent_sync_errors_total{reason=\"tool_failed\"}"
         ) >= 1.0
     );
+    assert!(
+        metric_value(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}"
+        ) >= 1.0
+    );
 
     agent.dataplane.fail.store(false, Ordering::SeqCst);
     eventually_http(agent.healthz, "/healthz", |code, _| code == 200).await;
@@ -781,6 +802,21 @@ async fn metrics_use_kube_proxy_names() {
         metric_value(&text, "proxyplan_agent_rules{mode=\"iptables\"}"),
         24.0
     );
+    // The stale-UDP step of that sync, per family (the fake deleted 2 IPv4 entries).
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("kubeproxy_conntrack_reconciler_deleted_entries_total{V4}")
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("kubeproxy_conntrack_reconciler_sync_duration_seconds_count{V4}")
+        ),
+        1.0
+    );
     assert!(
         !text.contains("kubeproxy_network_programming_duration_seconds_count"),
         "the initial list is not a change"
@@ -901,6 +937,78 @@ async fn restarted_agent_writes_no_status_when_it_is_the_same() {
     assert_eq!((merged.revision.as_str(), ok), ("p1", true));
     agent.api.expect_quiet().await;
     agent.stop().await;
+}
+
+/// An agent restarted with a refused plan keeps the kernel as it was and stays live; its
+/// health-check node ports answer what they answered before the restart (the record in
+/// its state directory) while the kernel holds its rules, and stay closed on a kernel
+/// that lost them (a flushed node: nothing is served there). The first plan it applies
+/// takes over.
+#[tokio::test]
+async fn a_restart_with_a_refused_plan_answers_health_checks_as_before() {
+    let hc_port = free_port();
+    let state = std::env::temp_dir().join(format!("pp-run-api-state-{hc_port}"));
+    let _ = std::fs::remove_dir_all(&state);
+    let with_state = || Settings {
+        state_dir: Some(state.clone()),
+        ..settings()
+    };
+    let address: SocketAddr = ([127, 0, 0, 1], hc_port).into();
+    let mut agent = start(with_state(), |api| {
+        put_cluster(api, hc_port);
+        api.put_plan(&plan("p1", &["10.244.1.20", "10.244.1.21"]));
+    })
+    .await;
+    agent.first_sync().await;
+    let (_, before) = eventually_http(address, "/", |code, _| code == 200).await;
+    assert_eq!(before["localEndpoints"], 2);
+    agent.stop().await;
+    assert!(
+        http_get(address, "/").await.is_err(),
+        "the port closes with the agent"
+    );
+
+    let restart = |intact: bool| {
+        let (client, api) = MockApi::new();
+        put_cluster(&api, hc_port);
+        let mut bad = plan("p2", &["10.244.1.20", "10.244.1.21"]);
+        bad.spec.pod_cidrs = vec!["10.244.1.0/99".to_owned()];
+        api.put_plan(&bad);
+        start_on_kernel(with_state(), client, api, intact)
+    };
+    let mut agent = restart(true).await;
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert_condition(&body["status"], "Ready", "False", "InvalidPlan", 2);
+    let (code, after) = eventually_http(address, "/", |code, _| code == 200).await;
+    assert_eq!(
+        (code, &after),
+        (200, &before),
+        "the same answer as before the restart"
+    );
+    let (code, _) = http_get(agent.healthz, "/livez").await.unwrap();
+    assert_eq!(
+        code, 200,
+        "a refused plan is no reason to restart the agent"
+    );
+    agent.dataplane.expect_no_sync().await;
+
+    // A good plan is applied and its answers replace the record's.
+    agent.api.put_plan(&plan("p3", &["10.244.1.20"]));
+    let (merged, ok) = agent.dataplane.next_sync().await;
+    assert_eq!((merged.revision.as_str(), ok), ("p3", true));
+    let (_, body) = eventually_http(address, "/", |_, body| body["localEndpoints"] == 1).await;
+    assert_eq!(body["localEndpoints"], 1);
+    agent.stop().await;
+
+    // Rules gone (flushed, rebooted without clearing /run): the record is not trusted.
+    let mut agent = restart(false).await;
+    agent.api.expect_status_patch(NODE).await;
+    assert!(
+        http_get(address, "/").await.is_err(),
+        "no health-check answers for rules the kernel lost"
+    );
+    agent.stop().await;
+    std::fs::remove_dir_all(&state).unwrap();
 }
 
 /// Beside kube-proxy during a migration its ports are taken: the agent starts anyway,

@@ -978,6 +978,9 @@ fn udp_flows_follow_endpoint_changes_at_once() {
     // real server (net.ipv4.vs.conntrack=1), before the agent gets to it.
     let least = if ipvs() { 1 } else { 2 };
     assert!(report.conntrack_deleted >= least, "{report:?}");
+    // The same count, by family, for kube-proxy's conntrack reconciler metrics.
+    let run = report.conntrack.expect("the conntrack step ran");
+    assert_eq!(run.deleted, [report.conntrack_deleted, 0], "{report:?}");
     assert_eq!(flow.udp("10.96.0.53", 53).backend(), Some("a2/5353"));
     assert_eq!(early().udp("10.96.0.54", 53).backend(), Some("a1/5353"));
 }

@@ -660,15 +660,19 @@ impl NodeModel {
                 parse_cidr(cidr).map_err(|r| f.invalid(format!("spec.podCIDRs[{i}]"), r))?;
             *cidr = format!("{ip}/{len}");
         }
-        let addresses = node
+        // InternalIPs first, each type in the Node's order: an agent with
+        // `--nodeport-addresses primary` takes the first address of each family.
+        let mut typed: Vec<_> = node
             .status
             .as_ref()
             .and_then(|s| s.addresses.as_ref())
             .into_iter()
             .flatten()
             .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-            .filter_map(|a| a.address.parse().ok())
+            .filter_map(|a| Some((a.type_ == "ExternalIP", a.address.parse().ok()?)))
             .collect();
+        typed.sort_by_key(|(external, _)| *external);
+        let addresses = typed.into_iter().map(|(_, ip)| ip).collect();
         let ineligible = if node.metadata.deletion_timestamp.is_some() {
             Some("the Node is being deleted (metadata.deletionTimestamp is set)".to_owned())
         } else if spec

@@ -49,6 +49,23 @@ impl PlanError {
     }
 }
 
+/// `--nodeport-addresses primary`: node ports (and health-check node ports) only on the
+/// node's primary IP of each family, as kube-proxy resolves it — the first InternalIP of
+/// that family in the Node's `status.addresses` (the controller lists InternalIPs before
+/// ExternalIPs, in the Node's order), else its first ExternalIP; loopback never.
+///
+/// The node's primary addresses among `addresses` (the plan's): one per family at most.
+#[must_use]
+pub fn primary_addresses(addresses: &[IpAddr]) -> Vec<IpAddr> {
+    let first = |v6: bool| {
+        addresses
+            .iter()
+            .copied()
+            .find(|ip| ip.is_ipv6() == v6 && !ip.is_loopback())
+    };
+    [first(false), first(true)].into_iter().flatten().collect()
+}
+
 /// A node's plan with every layer merged: what the agent programs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergedPlan {
@@ -1236,5 +1253,26 @@ mod tests {
             let ip: IpAddr = good.parse().expect("an address");
             assert_eq!(unusable_address(ip), None, "{good}");
         }
+    }
+}
+
+#[cfg(test)]
+mod primary_tests {
+    use super::*;
+
+    #[test]
+    fn the_first_non_loopback_address_of_each_family() {
+        let ips = |s: &[&str]| -> Vec<IpAddr> { s.iter().map(|a| a.parse().unwrap()).collect() };
+        assert_eq!(
+            primary_addresses(&ips(&[
+                "127.0.0.1",
+                "10.0.0.5",
+                "fd00::5",
+                "10.0.0.6",
+                "203.0.113.9"
+            ])),
+            ips(&["10.0.0.5", "fd00::5"])
+        );
+        assert_eq!(primary_addresses(&ips(&["::1"])), Vec::<IpAddr>::new());
     }
 }

@@ -437,6 +437,8 @@ async fn main() {
             "--metrics-bind-address",
             "127.0.0.1:10249",
         ])
+        .arg("--state-dir")
+        .arg(workdir.join("agent-state"))
         .args(["--log", "warn"]);
     let mut agent =
         Spawned::start("agent", &mut command, workdir.join("agent.log"), false).unwrap();

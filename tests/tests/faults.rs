@@ -34,8 +34,9 @@ use proxyplan_tests::e2e::report::{Args, Counts, failures_section, result_line, 
 use harness::Faults;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "agent_restart_keeps_the_rules_and_changes_nothing",
+    "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks",
     "odd_objects_never_stall_a_watch",
     "hand_edits_are_repaired_even_when_they_keep_the_revision",
     "changes_flow_within_5s_after_an_api_server_outage",
@@ -100,6 +101,9 @@ fn main() -> ExitCode {
 async fn scenario(faults: &mut Faults, name: &str) -> Result<(), String> {
     match name {
         "agent_restart_keeps_the_rules_and_changes_nothing" => faults.agent_restart().await,
+        "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks" => {
+            faults.agent_restart_with_a_refused_plan().await
+        }
         "odd_objects_never_stall_a_watch" => faults.odd_objects().await,
         "hand_edits_are_repaired_even_when_they_keep_the_revision" => faults.hand_edits().await,
         "changes_flow_within_5s_after_an_api_server_outage" => faults.outage().await,

@@ -181,6 +181,7 @@ impl Drop for PortServer {
 /// The health-check servers, one per port the applied plan asks for.
 pub struct HealthCheckServers {
     nodeport_addresses: Vec<Cidr>,
+    primary: bool,
     health: Arc<Health>,
     servers: BTreeMap<u16, PortServer>,
 }
@@ -188,10 +189,12 @@ pub struct HealthCheckServers {
 impl HealthCheckServers {
     /// Servers listening on the node addresses inside `nodeport_addresses` (every
     /// address when empty), answering with `health` as the proxy's health.
+    /// With `primary` (`--nodeport-addresses primary`) only on the node's primary IPs.
     #[must_use]
-    pub fn new(nodeport_addresses: Vec<Cidr>, health: Arc<Health>) -> Self {
+    pub fn new(nodeport_addresses: Vec<Cidr>, primary: bool, health: Arc<Health>) -> Self {
         Self {
             nodeport_addresses,
+            primary,
             health,
             servers: BTreeMap::new(),
         }
@@ -210,7 +213,12 @@ impl HealthCheckServers {
     /// Starts, updates and stops servers to match `plan`. A port that cannot be bound is
     /// logged and tried again at the next update.
     pub fn update(&mut self, plan: &MergedPlan) {
-        let wanted = wanted_ports(plan);
+        self.serve(wanted_ports(plan), &plan.addresses);
+    }
+
+    /// Starts, updates and stops servers to answer `wanted` on the node's
+    /// `node_addresses` (those inside `--nodeport-addresses`).
+    pub fn serve(&mut self, wanted: BTreeMap<u16, ServiceHealth>, node_addresses: &[IpAddr]) {
         self.servers.retain(|port, _| {
             let keep = wanted.contains_key(port);
             if !keep {
@@ -218,7 +226,7 @@ impl HealthCheckServers {
             }
             keep
         });
-        let addresses = self.bind_addresses(&plan.addresses);
+        let addresses = self.bind_addresses(node_addresses);
         for (port, service) in wanted {
             if let Some(server) = self.servers.get_mut(&port)
                 && server.addresses == addresses
@@ -238,6 +246,9 @@ impl HealthCheckServers {
     }
 
     fn bind_addresses(&self, node_addresses: &[IpAddr]) -> Vec<IpAddr> {
+        if self.primary {
+            return proxyplan_crds::primary_addresses(node_addresses);
+        }
         if self.nodeport_addresses.is_empty() {
             return vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
         }

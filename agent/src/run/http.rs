@@ -118,6 +118,14 @@ pub struct Metrics {
     pub canary_missing: Counter,
     /// `proxyplan_agent_conntrack_entries_deleted_total`.
     pub conntrack_deleted: Counter,
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds{ip_family}`: each run of the
+    /// stale-UDP conntrack step (one run covers both families; each in use observes it).
+    pub conntrack_reconciler_duration: FamilyHistograms,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family}`.
+    pub conntrack_reconciler_deleted: Family<FamilyLabels, Counter>,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}`:
+    /// `iptables-restore` (or `ip6tables-restore`) failed.
+    pub restore_failures: Family<FamilyLabels, Counter>,
     /// `proxyplan_agent_status_writes_total{result}`.
     pub status_writes: Family<ResultLabels, Counter>,
     /// `kubeproxy_proxy_healthz_total{code}`: `/healthz` requests.
@@ -166,6 +174,9 @@ impl Metrics {
             invalid_plans: Family::default(),
             canary_missing: Counter::default(),
             conntrack_deleted: Counter::default(),
+            conntrack_reconciler_duration: histograms(sync_buckets),
+            conntrack_reconciler_deleted: Family::default(),
+            restore_failures: Family::default(),
             status_writes: Family::default(),
             healthz_requests: Family::default(),
             livez_requests: Family::default(),
@@ -257,6 +268,21 @@ impl Metrics {
             m.conntrack_deleted.clone(),
         );
         registry.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_reconciler_deleted.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            m.restore_failures.clone(),
+        );
+        registry.register(
             "proxyplan_agent_status_writes",
             "Status writes to the node's plan, by result",
             m.status_writes.clone(),
@@ -314,6 +340,30 @@ impl Metrics {
             self.sync_duration.get_or_create(&labels).observe(seconds);
             kind.get_or_create(&labels).observe(seconds);
         }
+    }
+
+    /// Records a run of the stale-UDP conntrack step: its duration in each of `families`,
+    /// and the entries it deleted (`[IPv4, IPv6]`).
+    pub fn observe_conntrack(&self, families: &[&str], elapsed: Duration, deleted: [usize; 2]) {
+        for family in families {
+            self.conntrack_reconciler_duration
+                .get_or_create(&family_labels(family))
+                .observe(elapsed.as_secs_f64());
+        }
+        for (family, n) in ["IPv4", "IPv6"].into_iter().zip(deleted) {
+            if n > 0 {
+                self.conntrack_reconciler_deleted
+                    .get_or_create(&family_labels(family))
+                    .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+            }
+        }
+    }
+
+    /// Counts a failed `iptables-restore` of `family` (`IPv4`, `IPv6`).
+    pub fn restore_failure(&self, family: &str) {
+        self.restore_failures
+            .get_or_create(&family_labels(family))
+            .inc();
     }
 
     /// Sets a timestamp gauge of `families` to `at`.

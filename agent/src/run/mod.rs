@@ -10,6 +10,7 @@ pub mod cache;
 pub mod healthcheck;
 pub mod http;
 pub mod plan_file;
+pub mod record;
 pub mod schedule;
 pub mod status;
 pub mod sync;
@@ -69,6 +70,9 @@ pub struct Settings {
     /// Health-check node ports listen on the node's addresses inside these CIDRs; empty
     /// means every address.
     pub nodeport_addresses: Vec<Cidr>,
+    /// `--nodeport-addresses primary`: health-check node ports listen on the node's
+    /// primary IPs only.
+    pub nodeport_primary: bool,
     /// Minimum time between two syncs: changes arriving faster are coalesced.
     pub min_sync_interval: Duration,
     /// Time between periodic resyncs (with a canary check); `/healthz` fails when a
@@ -81,6 +85,9 @@ pub struct Settings {
     pub healthz_bind_address: SocketAddr,
     /// `/metrics` address.
     pub metrics_bind_address: SocketAddr,
+    /// Where the agent keeps its [`record::HealthCheckRecord`] (a tmpfs such as
+    /// `/run/proxyplan`, cleared by a reboot with the kernel state); `None` keeps none.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Why the agent stopped.

@@ -5,6 +5,7 @@
 //! the dataplane thread → record the result → offer the status.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,8 +21,9 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::cache::{PlanCache, PlanOutcome};
-use super::healthcheck::HealthCheckServers;
+use super::healthcheck::{HealthCheckServers, wanted_ports};
 use super::http::{Health, Metrics, ModeLabels, PolicyLabels, ReasonLabels};
+use super::record::HealthCheckRecord;
 use super::schedule::{SyncKind, SyncSchedule};
 use super::status::{AppliedPlan, Observation, StatusGate, SyncFailure, build_status};
 use super::watches::{Input, InputStream};
@@ -54,6 +56,10 @@ pub struct SyncLoop {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     healthchecks: HealthCheckServers,
+    /// Where the health-check record goes, if anywhere.
+    state_dir: Option<PathBuf>,
+    /// The record last written (or read at start).
+    recorded: Option<HealthCheckRecord>,
 }
 
 impl SyncLoop {
@@ -92,10 +98,13 @@ impl SyncLoop {
             status,
             healthchecks: HealthCheckServers::new(
                 settings.nodeport_addresses.clone(),
+                settings.nodeport_primary,
                 health.clone(),
             ),
             metrics,
             health,
+            state_dir: settings.state_dir.clone(),
+            recorded: None,
         })
     }
 
@@ -127,6 +136,7 @@ impl SyncLoop {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunError> {
         let mut shutdown = std::pin::pin!(shutdown);
+        self.answer_from_record().await?;
         loop {
             let (due, kind) = self.schedule.next(self.cache.listed(), Instant::now());
             let status_due = self.gate.due();
@@ -305,6 +315,68 @@ impl SyncLoop {
         self.outcome_summary = summary;
     }
 
+    /// Until the agent applies a plan of its own, the health-check ports answer what they
+    /// answered before the restart, if the kernel still holds the agent's rules (see
+    /// [`super::record`]).
+    async fn answer_from_record(&mut self) -> Result<(), RunError> {
+        let Some(dir) = &self.state_dir else {
+            return Ok(());
+        };
+        let record = match HealthCheckRecord::read(dir) {
+            Ok(Some(record)) => record,
+            Ok(None) => return Ok(()),
+            Err(err) => {
+                warn!(%err, "health-check record unreadable; its ports open with the first sync");
+                return Ok(());
+            }
+        };
+        let intact = self
+            .dataplane
+            .rules_intact()
+            .await
+            .map_err(|_| RunError::DataplaneStopped)?;
+        match intact {
+            Ok(true) => {
+                info!(
+                    revision = %record.revision,
+                    ports = record.ports.len(),
+                    "the kernel still holds the previous agent's rules: health-check node ports \
+                     answer as they did for its revision until a plan is applied"
+                );
+                self.healthchecks.serve(record.ports(), &record.addresses);
+                self.recorded = Some(record);
+            }
+            Ok(false) => info!(
+                revision = %record.revision,
+                "the kernel lost the previous agent's rules: health-check node ports open \
+                 with the first sync"
+            ),
+            Err(err) => {
+                warn!(%err, "canary check failed; health-check node ports open with the first sync")
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the health-check record when the answers changed.
+    fn record_health_checks(&mut self, plan: &MergedPlan) {
+        let Some(dir) = &self.state_dir else {
+            return;
+        };
+        let record = HealthCheckRecord::new(&plan.revision, &plan.addresses, &wanted_ports(plan));
+        if self
+            .recorded
+            .as_ref()
+            .is_some_and(|r| r.addresses == record.addresses && r.ports == record.ports)
+        {
+            return;
+        }
+        match record.write(dir) {
+            Ok(()) => self.recorded = Some(record),
+            Err(err) => warn!(%err, "cannot write the health-check record"),
+        }
+    }
+
     async fn check_canary(&mut self) -> Result<(), RunError> {
         match self
             .dataplane
@@ -362,9 +434,13 @@ impl SyncLoop {
         metrics
             .conntrack_deleted
             .inc_by(u64::try_from(report.conntrack_deleted).unwrap_or(u64::MAX));
+        if let Some(run) = report.conntrack {
+            metrics.observe_conntrack(&self.families, run.elapsed, run.deleted);
+        }
         metrics.service_ports.set(i64::from(applied.service_ports));
         metrics.endpoints.set(i64::from(applied.endpoints));
         self.healthchecks.update(&applied.plan);
+        self.record_health_checks(&applied.plan);
         if report.changed > 0 || self.failure.is_some() {
             info!(
                 service_ports = applied.service_ports,
@@ -390,6 +466,16 @@ impl SyncLoop {
 
     fn sync_failed(&mut self, error: &DataplaneError) {
         error!(%error, "sync failed; retrying with backoff while the kernel keeps what it had");
+        if let DataplaneError::ToolFailed { tool, .. } = error
+            && tool.contains("tables-restore")
+        {
+            let family = if tool.contains("ip6tables") {
+                "IPv6"
+            } else {
+                "IPv4"
+            };
+            self.metrics.restore_failure(family);
+        }
         self.metrics
             .sync_errors
             .get_or_create(&ReasonLabels {

@@ -641,9 +641,13 @@ impl Dataplane for FakeDataplane {
         Ok(SyncReport {
             rules: 10 * plan.service_ports.len() + 4,
             changed: 1,
-            conntrack_deleted: 0,
+            conntrack_deleted: 2,
             payload: String::new(),
             phases: Vec::new(),
+            conntrack: Some(proxyplan_agent::conntrack::ConntrackRun {
+                deleted: [2, 0],
+                elapsed: Duration::from_millis(3),
+            }),
         })
     }
 

@@ -334,6 +334,8 @@ impl Suite {
                 .args(["--status-min-interval", "1s"])
                 .args(["--healthz-bind-address", "127.0.0.1:10256"])
                 .args(["--metrics-bind-address", "127.0.0.1:10249"])
+                .arg("--state-dir")
+                .arg(self.workdir.join(format!("agent-state-{letter}")))
                 .args(["--log", "info"]);
             let agent = Spawned::start(
                 &format!("agent of {}", node.name),

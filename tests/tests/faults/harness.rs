@@ -360,6 +360,8 @@ impl Faults {
                 &format!("127.0.0.1:{}", agent.healthz_port),
             ])
             .args(["--metrics-bind-address", "127.0.0.1:10249"])
+            .arg("--state-dir")
+            .arg(self.workdir.join("agent-state"))
             .args(["--log", "info"]);
         let process = Spawned::start("agent", &mut command, self.workdir.join("agent.log"), false)?;
         agent.process = Some(process);

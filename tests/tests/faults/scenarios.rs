@@ -132,6 +132,158 @@ impl Faults {
         Ok(())
     }
 
+    /// An agent restarted while its plan is refused (a hand edit the agent's validation
+    /// refuses; the controller, which would repair it, is down) keeps the kernel as it was,
+    /// stays live, and its health-check node port answers as before the restart (from its
+    /// record, since the kernel still holds its rules). The controller's return repairs
+    /// the plan and the agent applies it.
+    pub async fn agent_restart_with_a_refused_plan(&mut self) -> Result<(), String> {
+        let netns = self.netns()?;
+        let service: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "local-lb", "namespace": self.namespace},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+        }))
+        .map_err(|e| e.to_string())?;
+        let created = self
+            .services()
+            .create(&PostParams::default(), &service)
+            .await
+            .map_err(|e| format!("creating Service local-lb: {e}"))?;
+        let hc_port = created
+            .spec
+            .and_then(|s| s.health_check_node_port)
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or("the API server allocated no healthCheckNodePort")?;
+        self.put_slice(
+            "local-lb",
+            "local-lb-1",
+            &[("http", 8080)],
+            &["10.250.1.30"],
+        )
+        .await?;
+        let answer = |netns: &str| get_in(netns, hc_port, "/");
+        wait_for("local-lb's health-check node port", WAIT, async || {
+            let body = answer(&netns);
+            if body.contains(" 200 ") && body.contains("\"localEndpoints\": 1") {
+                Ok(())
+            } else {
+                Err(format!("answered {body:?}"))
+            }
+        })
+        .await?;
+        let before = nat_rules_stable(&netns);
+
+        // The controller goes; the node plan gets an edit the agent refuses.
+        for mut controller in std::mem::take(&mut self.controllers) {
+            let _ = controller.process.child.kill();
+            let _ = controller.process.child.wait();
+        }
+        self.node_plans()
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"podCIDRs": ["10.250.1.0/99"]}})),
+            )
+            .await
+            .map_err(|e| format!("editing the node plan: {e}"))?;
+        let agent = self.agent.as_mut().ok_or("no agent")?;
+        if let Some(mut process) = agent.process.take() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+        let gone = answer(&netns);
+        if !gone.is_empty() {
+            return Err(format!("the port answered with the agent gone: {gone:?}"));
+        }
+        let started = Instant::now();
+        self.start_agent().await?;
+        let refused = wait_for("the restarted agent to refuse its plan", WAIT, async || {
+            let plan = self
+                .node_plans()
+                .get(NODE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = plan
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.reason.clone(), c.message.clone()));
+            match ready {
+                Some((reason, message)) if reason == "InvalidPlan" => Ok(message),
+                other => Err(format!("Ready {other:?}")),
+            }
+        })
+        .await
+        .map_err(|e| format!("{e}\n{}", self.agent_log_tail()));
+        let took = started.elapsed();
+        let served = answer(&netns);
+        let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
+        let livez = get_in(&netns, port, "/livez");
+        let after = nat_rules_stable(&netns);
+        // The controller comes back (also after a failed check: the scenarios after this
+        // one need it) and repairs the plan; the agent applies it.
+        let repaired = Instant::now();
+        self.start_controller("a", "200ms").await?;
+        let refused = refused?;
+        if !(served.contains(" 200 ") && served.contains("\"localEndpoints\": 1")) {
+            return Err(format!(
+                "the health-check port after the restart: {served:?}\n{}",
+                self.agent_log_tail()
+            ));
+        }
+        if !(livez.starts_with("HTTP/1.1 200") || livez.starts_with("HTTP/1.0 200")) {
+            return Err(format!("/livez with a refused plan: {livez}"));
+        }
+        if after != before {
+            return Err(format!(
+                "the kernel changed under a refused plan:\n{}",
+                line_diff(&before, &after)
+            ));
+        }
+        wait_for("the repaired plan to be applied", WAIT, async || {
+            let plan = self
+                .node_plans()
+                .get(NODE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = plan
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.reason.clone(), c.status.clone()));
+            match ready {
+                Some((reason, status)) if reason == "Synced" && status == "True" => Ok(()),
+                other => Err(format!("Ready {other:?}")),
+            }
+        })
+        .await?;
+        let applied = repaired.elapsed();
+        let served_again = answer(&netns);
+        if !served_again.contains(" 200 ") {
+            return Err(format!(
+                "the health-check port once repaired: {served_again:?}"
+            ));
+        }
+        self.report.add(
+            "agent restart, plan refused",
+            "controller down, node plan edited to an invalid podCIDR, SIGKILL the agent and \
+             start it again; then start the controller",
+            &format!(
+                "refused ({}) {} after start; kernel unchanged; /livez 200; health-check \
+                 node port answered 200 with localEndpoints 1 from the record throughout; \
+                 repaired and applied {} after the controller was started",
+                refused.lines().next().unwrap_or_default(),
+                secs(took),
+                secs(applied)
+            ),
+        );
+        Ok(())
+    }
+
     /// A Service whose status the API server accepted but strict types cannot read is
     /// planned, and a Service created right after it is planned as promptly.
     pub async fn odd_objects(&mut self) -> Result<(), String> {

@@ -72,6 +72,7 @@ impl FamilyCache {
             kernel.filter.chains.clear_seen();
             kernel.nat.chains.clear_seen();
         }
+        let settings = &*settings.resolved(&inputs.node_addresses);
         let context = (!inputs.entries.is_empty()).then(|| {
             (
                 settings.clone(),

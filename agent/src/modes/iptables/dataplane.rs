@@ -533,6 +533,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
                     text.push(line)
                 })?;
+        report.conntrack = (!dry_run).then(|| self.udp.last_run());
         report.payload = text.finish();
         Ok(report)
     }

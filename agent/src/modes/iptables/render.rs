@@ -77,7 +77,8 @@ fn render_family(plan: &MergedPlan, settings: &RenderSettings, family: IpFamily)
     if entries.is_empty() {
         return FamilyRules::default();
     }
-    let mut out = Builder::new(settings, family, true);
+    let settings = settings.resolved(&plan.addresses);
+    let mut out = Builder::new(&settings, family, true);
     out.fixed_chains();
     for entry in entries {
         EntryRules {

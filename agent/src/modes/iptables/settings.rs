@@ -8,6 +8,9 @@ pub struct RenderSettings {
     pub masquerade_bit: u8,
     /// Destinations that accept node ports (CIDRs); empty means every local address.
     pub nodeport_cidrs: Vec<String>,
+    /// `--nodeport-addresses primary`: node ports only on the node's primary IPs, resolved
+    /// from each plan's node addresses (then `nodeport_cidrs` is empty).
+    pub nodeport_primary: bool,
     /// Drop forwarded packets conntrack finds invalid (kube-proxy's iptables mode, unless
     /// `nf_conntrack_tcp_be_liberal` is set: the dataplane clears this when it is).
     pub drop_invalid: bool,
@@ -23,6 +26,7 @@ impl Default for RenderSettings {
         Self {
             masquerade_bit: 13,
             nodeport_cidrs: Vec::new(),
+            nodeport_primary: false,
             drop_invalid: true,
             localhost_nodeports: false,
         }
@@ -40,7 +44,26 @@ impl RenderSettings {
             .iter()
             .filter(|c| !c.contains(':'))
             .collect();
-        self.localhost_nodeports && (v4.is_empty() || v4.iter().any(|c| contains_localhost(c)))
+        self.localhost_nodeports
+            && !self.nodeport_primary
+            && (v4.is_empty() || v4.iter().any(|c| contains_localhost(c)))
+    }
+
+    /// These settings with `--nodeport-addresses primary` resolved for a node with
+    /// `addresses` (the plan's): a host CIDR per primary IP.
+    #[must_use]
+    pub fn resolved(&self, addresses: &[std::net::IpAddr]) -> std::borrow::Cow<'_, Self> {
+        if !self.nodeport_primary {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let nodeport_cidrs = proxyplan_crds::primary_addresses(addresses)
+            .into_iter()
+            .map(|ip| format!("{ip}/{}", if ip.is_ipv6() { 128 } else { 32 }))
+            .collect();
+        std::borrow::Cow::Owned(Self {
+            nodeport_cidrs,
+            ..self.clone()
+        })
     }
 
     /// The mark bit as `iptables` takes it.

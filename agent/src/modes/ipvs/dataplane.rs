@@ -264,6 +264,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             &mut |line| payload.push_str(line),
         )?;
         report.phases.push(("conntrack", start.elapsed()));
+        report.conntrack = (!dry_run).then(|| self.udp.last_run());
         Ok(report)
     }
 

@@ -294,8 +294,13 @@ pub fn node_context(
     let mut local: Vec<IpAddr> = local_addresses.into_iter().collect();
     local.sort_unstable();
     local.dedup();
+    let mut nodeport_addresses = settings.nodeport_addresses(local.iter().copied());
+    if settings.nodeport_primary {
+        let primary = proxyplan_crds::primary_addresses(&plan.addresses);
+        nodeport_addresses.retain(|ip| primary.contains(ip));
+    }
     NodeContext {
-        nodeport_addresses: settings.nodeport_addresses(local.iter().copied()),
+        nodeport_addresses,
         local_addresses: local,
         node_addresses: plan.addresses.clone(),
     }
@@ -350,4 +355,47 @@ pub fn render(
         }
     }
     state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primary_node_port_addresses_are_the_plans_first_of_each_family() {
+        let ips = |s: &[&str]| -> Vec<IpAddr> { s.iter().map(|a| a.parse().unwrap()).collect() };
+        let plan = MergedPlan {
+            node_name: "node-a".to_owned(),
+            revision: "r1".to_owned(),
+            services_fingerprint: 0,
+            refused: Vec::new(),
+            unmatched: Vec::new(),
+            addresses: ips(&["10.0.0.5", "203.0.113.9", "fd00::5"]),
+            local_traffic: proxyplan_crds::LocalTrafficDetection {
+                mode: proxyplan_crds::LocalTrafficMode::ClusterCIDR,
+                cidrs: Vec::new(),
+                interface: None,
+            },
+            service_ports: Vec::new(),
+            service_cidrs: Vec::new(),
+        };
+        let local = ips(&[
+            "127.0.0.1",
+            "10.0.0.5",
+            "203.0.113.9",
+            "fd00::5",
+            "192.168.9.9",
+        ]);
+        let every = node_context(&plan, &IpvsSettings::default(), local.clone());
+        assert_eq!(
+            every.nodeport_addresses,
+            ips(&["10.0.0.5", "192.168.9.9", "203.0.113.9", "fd00::5"])
+        );
+        let settings = IpvsSettings {
+            nodeport_primary: true,
+            ..IpvsSettings::default()
+        };
+        let primary = node_context(&plan, &settings, local);
+        assert_eq!(primary.nodeport_addresses, ips(&["10.0.0.5", "fd00::5"]));
+    }
 }

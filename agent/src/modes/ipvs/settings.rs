@@ -19,6 +19,9 @@ pub struct IpvsSettings {
     pub exclude_cidrs: Vec<Cidr>,
     /// Node-port addresses: local addresses in these ranges (all when empty).
     pub nodeport_cidrs: Vec<Cidr>,
+    /// `--nodeport-addresses primary`: node ports only on the node's primary IPs (see
+    /// [`proxyplan_crds::primary_addresses`]), resolved from each plan.
+    pub nodeport_primary: bool,
     /// Set `arp_ignore=1` and `arp_announce=2` so the node never answers ARP for VIPs on
     /// other interfaces (needed with some load balancers, e.g. MetalLB in L2 mode).
     pub strict_arp: bool,
@@ -39,6 +42,7 @@ impl Default for IpvsSettings {
             interface: "proxyplan-ipvs0".to_owned(),
             exclude_cidrs: Vec::new(),
             nodeport_cidrs: Vec::new(),
+            nodeport_primary: false,
             strict_arp: false,
             termination_grace: Duration::from_secs(120),
             timeouts: IpvsTimeouts::default(),
