@@ -44,6 +44,8 @@ fn settings() -> Settings {
         status_min_interval: Duration::from_secs(60),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
+        state_dir: None,
+        nodeport_primary: false,
     }
 }
 
