@@ -5,7 +5,9 @@
 //! `cargo bench -p proxyplan-agent --bench iptables` runs 10,000 Services × 10 endpoints
 //! (5 % Local, 5 % zone-hinted) and 1,000 Services, each on the nft back end and the
 //! legacy one. Per column: the first full apply (time, rules, `iptables-save` lines,
-//! payload), an unchanged resync (from the model), a full resync (kernel re-read), one
+//! payload), an unchanged resync (from the model), a full resync (kernel re-read), a
+//! restarted agent (a new dataplane: the kernel read back, 0 bytes sent, asserted) and
+//! the periodic checks after it, then on that agent one
 //! endpoint change at a time (a Cluster-policy Service's pod moved: planner → new merged
 //! plan → `sync` returns; median / p99, with the time spent in `iptables-restore` and the
 //! same sync as a dry run: render, diff and payload without the kernel), cleanup, and the
@@ -34,7 +36,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
-use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, InputWriter, Runner};
+use proxyplan_agent::kernel::xtables_nft::{DumpSummary, NftChain, NftRule};
+use proxyplan_agent::kernel::{Backend, CommandOutput, CommandRunner, Family, InputWriter, Runner};
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings};
 use proxyplan_controller::synthetic::{ServiceKind, SyntheticCluster};
 use proxyplan_controller::{DesiredObject, Planner};
@@ -67,6 +70,11 @@ struct BackendResult {
     first_payload: (usize, usize),
     resync: Option<Duration>,
     full_resync: Option<Duration>,
+    restart: Option<Duration>,
+    restart_reading: Option<Duration>,
+    restart_sent: (usize, usize),
+    check_full: Option<Duration>,
+    check_again: Option<Duration>,
     change_times: Vec<Duration>,
     change_dry: Vec<Duration>,
     change_tools: Vec<Duration>,
@@ -148,6 +156,21 @@ impl Runner for Timed {
         line: &mut dyn FnMut(&str),
     ) -> Result<CommandOutput, DataplaneError> {
         self.time(|| self.inner.run_lines(program, args, line))
+    }
+
+    fn nft_table(
+        &self,
+        family: Family,
+        table: &str,
+        chain: &mut dyn FnMut(NftChain<'_>),
+        rule: &mut dyn FnMut(NftRule<'_>),
+        restart: &mut dyn FnMut(),
+    ) -> Result<Option<DumpSummary>, DataplaneError> {
+        self.time(|| self.inner.nft_table(family, table, chain, rule, restart))
+    }
+
+    fn nft_generation(&self) -> Result<Option<u32>, DataplaneError> {
+        self.time(|| self.inner.nft_generation())
     }
 }
 
@@ -271,6 +294,35 @@ fn run_backend(
     let report = dp.sync(&merged, false).expect("full resync");
     result.full_resync = Some(start.elapsed());
     assert!(report.payload.is_empty(), "full resync sent something");
+    // A restarted agent: a new dataplane with an empty model reads the kernel back and
+    // must send nothing; the changes below then run on it (the first one is the first
+    // change after a restart).
+    let mut dp = IptablesDataplane::new(
+        RenderSettings::default(),
+        Timed {
+            inner: CommandRunner::in_netns(&ns.0),
+            spent: std::cell::Cell::new(Duration::ZERO),
+        },
+        backend,
+    );
+    let start = Instant::now();
+    dp.sync(&merged, false).expect("restarted agent's sync");
+    result.restart = Some(start.elapsed());
+    result.restart_reading = Some(dp.runner().take());
+    let sent = dp.payload_sent();
+    result.restart_sent = (sent.bytes, sent.lines);
+    assert_eq!(
+        result.restart_sent,
+        (0, 0),
+        "the restarted agent sent {sent:?}"
+    );
+    let start = Instant::now();
+    assert!(dp.rules_intact().expect("periodic check"), "rules differ");
+    result.check_full = Some(start.elapsed());
+    let start = Instant::now();
+    assert!(dp.rules_intact().expect("periodic check"), "rules differ");
+    result.check_again = Some(start.elapsed());
+    dp.runner().take();
     drop(merged);
 
     let candidates: Vec<usize> = cluster.services_of_kind(ServiceKind::Cluster).collect();
@@ -554,6 +606,42 @@ fn print_table(results: &[SizeResult]) {
         (
             "full resync (kernel re-read, nothing sent)",
             |_, b| time(b.full_resync),
+            "",
+        ),
+        (
+            "restarted agent's sync (new model, kernel read back)",
+            |_, b| time(b.restart),
+            "",
+        ),
+        (
+            "  of which reading the kernel",
+            |_, b| time(b.restart_reading),
+            "",
+        ),
+        (
+            "  payload sent: bytes / lines (must be 0)",
+            |_, b| format!("{} / {}", b.restart_sent.0, b.restart_sent.1),
+            "0",
+        ),
+        (
+            "periodic check after it (full read + compare)",
+            |_, b| time(b.check_full),
+            "",
+        ),
+        (
+            "  next check, nothing else committed",
+            |_, b| time(b.check_again),
+            "nft: generation only",
+        ),
+        (
+            "first change after the restart: lines / bytes",
+            |_, b| {
+                format!(
+                    "{} / {}",
+                    b.change_payload_lines.first().copied().unwrap_or(0),
+                    bytes(b.change_payload_bytes.first().copied().unwrap_or(0))
+                )
+            },
             "",
         ),
         (

@@ -12,9 +12,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
+use proxyplan_agent::kernel::xtables_nft::{DumpSummary, NftChain, NftRule};
 use proxyplan_agent::kernel::{
     Backend, BackendChoice, CommandOutput, CommandRunner, Family, Runner, Tool,
 };
+use proxyplan_agent::modes::iptables::dataplane::PayloadSize;
 use proxyplan_agent::modes::iptables::{IptablesDataplane, RenderSettings, render};
 use proxyplan_agent::ruleset::names;
 use proxyplan_crds::MergedPlan;
@@ -43,6 +45,37 @@ impl Runner for Recording {
             .push((program.to_owned(), start.elapsed()));
         out
     }
+
+    fn nft_table(
+        &self,
+        family: Family,
+        table: &str,
+        chain: &mut dyn FnMut(NftChain<'_>),
+        rule: &mut dyn FnMut(NftRule<'_>),
+        restart: &mut dyn FnMut(),
+    ) -> Result<Option<DumpSummary>, DataplaneError> {
+        self.calls.lock().unwrap().push(NFT_DUMP.to_owned());
+        let start = Instant::now();
+        let out = self.inner.nft_table(family, table, chain, rule, restart);
+        self.took
+            .lock()
+            .unwrap()
+            .push((format!("{NFT_DUMP} {table}"), start.elapsed()));
+        out
+    }
+
+    fn nft_generation(&self) -> Result<Option<u32>, DataplaneError> {
+        self.inner.nft_generation()
+    }
+}
+
+/// What [`Recording`] calls a dump of an nf_tables table over nfnetlink.
+const NFT_DUMP: &str = "nfnetlink dump";
+
+/// Whether `program` only reads the agent's rules (the nft back end reads over
+/// nfnetlink, and lists the built-in chains with `iptables-nft -S`).
+fn reads(program: &str) -> bool {
+    !program.ends_with("-restore")
 }
 
 impl Recording {
@@ -94,19 +127,7 @@ fn normalized(text: &str) -> String {
 
 /// The namespace, or a SKIPPED line and `None` when the back end does not work there.
 fn namespace(backend: Backend) -> Option<Netns> {
-    let ns = match Netns::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return None;
-        }
-    };
-    let probe = backend.binary(Family::V4, Tool::Iptables);
-    if !ns.try_run(&[&probe, "-t", "nat", "-S"]) {
-        println!("SKIPPED: {probe} does not work in a network namespace here");
-        return None;
-    }
-    Some(ns)
+    support::namespace_for(backend)
 }
 
 /// Rules someone else put on the node.
@@ -190,11 +211,10 @@ fn first_sync_then_nothing(backend: Backend) {
     let (report, took) = timed(&mut restarted, &plan);
     assert_eq!(report.payload, "");
     let ran = restarted.runner().take();
-    assert!(ran.iter().all(|p| p.ends_with("-save")), "{ran:?}");
-    println!(
-        "{backend:?} restarted agent: {} saves, nothing sent, {took:?}",
-        ran.len()
-    );
+    assert!(ran.iter().all(|p| reads(p)), "{ran:?}");
+    let dumps = ran.iter().filter(|p| *p == NFT_DUMP).count();
+    assert_eq!(dumps > 0, backend == Backend::Nft, "{ran:?}");
+    println!("{backend:?} restarted agent: read with {ran:?}, nothing sent, {took:?}");
 }
 
 /// An endpoint change rewrites exactly the service chain and the endpoint chains that
@@ -260,6 +280,145 @@ fn canary_notices_flushed_rules(backend: Backend) {
     let report = dp.sync(&plan, false).unwrap();
     assert_eq!(report.changed, 1, "{}", report.payload);
     assert_eq!(normalized(&save(&ns, backend, Family::V4)), good);
+}
+
+/// Deletes `rule` (as rendered: quoted words) from `table`'s `chain` by its spec.
+fn delete_rule(ns: &Netns, backend: Backend, table: &str, chain: &str, rule: &str) {
+    let binary = backend.binary(Family::V4, Tool::Iptables);
+    let words = proxyplan_agent::kernel::iptables::split_words(rule);
+    let mut args = vec![binary.as_str(), "-t", table, "-D", chain];
+    args.extend(words.iter().map(String::as_str));
+    ns.run(&args);
+}
+
+/// Each jump from a built-in chain, deleted by hand (someone else's rules stay), is
+/// noticed by the periodic check and put back where it was by the next sync, which
+/// writes nothing but that chain's jumps.
+fn deleted_jumps_are_noticed_and_restored(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let mut dp = dataplane(&ns, backend);
+    let plan = plan(small_cluster());
+    dp.sync(&plan, false).unwrap();
+    let good = normalized(&save(&ns, backend, Family::V4));
+    let desired = render(&plan, &RenderSettings::default());
+    let mut deleted = 0;
+    for (table, rules) in [("nat", &desired.v4.nat), ("filter", &desired.v4.filter)] {
+        for jump in &rules.base_jumps {
+            delete_rule(&ns, backend, table, jump.chain, &jump.rule);
+            assert_ne!(normalized(&save(&ns, backend, Family::V4)), good);
+            assert!(
+                !dp.rules_intact().unwrap(),
+                "{table} {} jump {} deleted, not noticed",
+                jump.chain,
+                jump.rule
+            );
+            dp.runner().take();
+            let report = dp.sync(&plan, false).unwrap();
+            // Only that built-in chain's jumps are written (the ones after the gap again,
+            // to keep their order), nothing else.
+            let edits: Vec<&str> = report
+                .payload
+                .lines()
+                .filter(|l| l.starts_with('-'))
+                .collect();
+            assert!(!edits.is_empty(), "{}", report.payload);
+            assert!(
+                edits
+                    .iter()
+                    .all(|l| l.split_whitespace().nth(1) == Some(jump.chain)),
+                "{}",
+                report.payload
+            );
+            assert!(
+                report.payload.contains(&format!("*{table}\n")),
+                "{}",
+                report.payload
+            );
+            let restores = dp.runner().take();
+            assert_eq!(
+                restores.iter().filter(|p| !reads(p)).count(),
+                1,
+                "{restores:?}"
+            );
+            assert_eq!(normalized(&save(&ns, backend, Family::V4)), good);
+            assert!(dp.rules_intact().unwrap());
+            deleted += 1;
+        }
+    }
+    assert!(deleted >= 4, "{deleted} jumps tried");
+}
+
+/// One owned chain flushed (a service chain, a fixed `PROXYPLAN-` chain in each table),
+/// or given a rule by someone else, is noticed and only that chain is rewritten.
+fn one_altered_chain_is_noticed_and_rewritten(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    let mut dp = dataplane(&ns, backend);
+    let entries = small_cluster();
+    let plan = plan(entries.clone());
+    dp.sync(&plan, false).unwrap();
+    let good = normalized(&save(&ns, backend, Family::V4));
+    let service = names::service(&entries[0].key);
+    let endpoint = names::endpoint(&entries[0].key, &entries[0].cluster_endpoints[0]);
+    let tampering = [
+        format!("-t nat -F {service}"),
+        format!("-t nat -F {endpoint}"),
+        format!("-t nat -F {}", names::SERVICES),
+        format!("-t nat -F {}", names::POSTROUTING),
+        format!("-t filter -F {}", names::FORWARD),
+        format!("-t nat -A {service} -j RETURN"),
+        format!("-t nat -I {} 1 -j RETURN", names::SERVICES),
+    ];
+    for command in tampering {
+        iptables(&ns, backend, Family::V4, &command);
+        assert!(!dp.rules_intact().unwrap(), "{command}: not noticed");
+        let report = dp.sync(&plan, false).unwrap();
+        assert_eq!(report.changed, 1, "{command}: {}", report.payload);
+        assert_eq!(
+            normalized(&save(&ns, backend, Family::V4)),
+            good,
+            "{command}"
+        );
+        assert!(dp.rules_intact().unwrap(), "{command}");
+    }
+}
+
+/// A restarted agent at 1,000 Services reads its rules back and runs no
+/// `iptables-restore` at all (0 bytes, 0 lines); its first change after the restart
+/// sends only the chains it changes, as the agent that wrote them would.
+fn restart_sends_nothing_then_one_change_is_small(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    let mut entries = many_services(1000, 10);
+    let mut first = dataplane(&ns, backend);
+    first.sync(&plan(entries.clone()), false).unwrap();
+    let written = first.payload_sent();
+    assert!(written.lines > 10_000, "{written:?}");
+    drop(first);
+
+    let mut restarted = dataplane(&ns, backend);
+    let (report, took) = timed(&mut restarted, &plan(entries.clone()));
+    let ran = restarted.runner().take();
+    assert!(ran.iter().all(|p| reads(p)), "{ran:?}");
+    assert_eq!(report.changed, 0, "{}", report.payload);
+    assert_eq!(report.payload, "");
+    assert_eq!(restarted.payload_sent(), PayloadSize::default());
+    assert!(restarted.rules_intact().unwrap());
+    println!(
+        "{backend:?} restart at 1000 services: {took:?} ({}), 0 bytes sent",
+        restarted.runner().take_times()
+    );
+
+    entries[500].cluster_endpoints[3] = ep("10.244.99.99:8080");
+    let (report, took) = timed(&mut restarted, &plan(entries));
+    let sent = restarted.payload_sent();
+    let ran = restarted.runner().take();
+    assert_eq!(report.changed, 3, "{}", report.payload);
+    assert_eq!(ran.iter().filter(|p| !reads(p)).count(), 1, "{ran:?}");
+    // The service chain (11 rules with its revision), two endpoint chains (one gone),
+    // table headers and COMMIT: a few dozen lines of the 10,000s first written.
+    assert!(sent.lines < 40, "{sent:?}:\n{}", report.payload);
+    println!("{backend:?} first change after the restart: {sent:?}, {took:?}");
 }
 
 /// Cleanup leaves the kernel as it was before the first sync, both families.
@@ -335,7 +494,12 @@ fn failed_restore_heals_after_reread(backend: Backend) {
     println!("{backend:?} restore failure reads: {err}");
     dp.runner().take();
     let report = dp.sync(&plan(entries.clone()), false).unwrap();
-    assert!(dp.runner().take().iter().any(|p| p.ends_with("-save")));
+    assert!(
+        dp.runner()
+            .take()
+            .iter()
+            .any(|p| p.ends_with("-save") || p == NFT_DUMP)
+    );
     assert!(
         !report.payload.contains(&format!("-X {sep}")),
         "{}",
@@ -369,6 +533,9 @@ for_both_backends! {
     cleanup_restores_the_kernel => nft_cleanup_restores_the_kernel, legacy_cleanup_restores_the_kernel;
     family_without_services_is_emptied => nft_family_without_services_is_emptied, legacy_family_without_services_is_emptied;
     failed_restore_heals_after_reread => nft_failed_restore_heals_after_reread, legacy_failed_restore_heals_after_reread;
+    deleted_jumps_are_noticed_and_restored => nft_deleted_jumps_are_noticed_and_restored, legacy_deleted_jumps_are_noticed_and_restored;
+    one_altered_chain_is_noticed_and_rewritten => nft_one_altered_chain_is_noticed_and_rewritten, legacy_one_altered_chain_is_noticed_and_rewritten;
+    restart_sends_nothing_then_one_change_is_small => nft_restart_sends_nothing_then_one_change_is_small, legacy_restart_sends_nothing_then_one_change_is_small;
 }
 
 fn conntrack_count(ns: &Netns) -> usize {

@@ -285,10 +285,18 @@ impl KernelFamily {
 fn revision_in(words: &[String]) -> Option<u64> {
     match words {
         [m, comment, flag, text] if m == "-m" && comment == "comment" && flag == "--comment" => {
-            text.strip_prefix(REVISION_PREFIX).and_then(parse_revision)
+            revision_of_comment(text)
         }
         _ => None,
     }
+}
+
+/// The revision a revision rule's comment (`proxyplan-rev:<hash>`) carries.
+#[must_use]
+pub fn revision_of_comment(comment: &str) -> Option<u64> {
+    comment
+        .strip_prefix(REVISION_PREFIX)
+        .and_then(parse_revision)
 }
 
 /// The chain a rule jumps or goes to, if any.
@@ -366,32 +374,7 @@ impl SaveParser {
             let (Some(chain), policy) = (parts.next(), parts.next()) else {
                 return;
             };
-            if names::is_owned(chain) {
-                let name = ChainName::new(chain);
-                let empty = OwnedChain {
-                    revision: None,
-                    rules: 0,
-                };
-                match name {
-                    // Declarations come before rules: sorted once, at the first rule.
-                    ChainName::Hashed(h) => {
-                        let (prefix, hash) = h.parts();
-                        self.out.chains.hashed.push(HashedEntry {
-                            hash,
-                            revision: 0,
-                            rules: 0,
-                            prefix,
-                            has_revision: false,
-                            seen: false,
-                        });
-                        self.out.chains.unsorted = true;
-                    }
-                    other => self.out.chains.insert_name(other, empty),
-                }
-                self.current = None;
-            } else if policy.is_some_and(|p| p != "-") {
-                self.builtin.insert(chain.to_owned());
-            }
+            self.declare(chain, policy.is_some_and(|p| p != "-"));
             return;
         }
         let Some(rest) = line.strip_prefix("-A ") else {
@@ -399,7 +382,7 @@ impl SaveParser {
         };
         let rest = rest.trim_start();
         let (chain, rule) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-        if names::is_owned(chain) && self.owned_rule(chain, rule) {
+        if names::is_owned(chain) && self.owned_rule(chain, || revision_in(&split_words(rule))) {
             return;
         }
         let words = split_words(line);
@@ -425,8 +408,75 @@ impl SaveParser {
         }
     }
 
-    /// Counts a rule of an owned chain; false when the chain was not declared.
-    fn owned_rule(&mut self, chain: &str, rule: &str) -> bool {
+    /// A chain declared (`:CHAIN POLICY` in a save; listed in a dump): an owned one is
+    /// added empty, a built-in one noted.
+    fn declare(&mut self, chain: &str, builtin: bool) {
+        if names::is_owned(chain) {
+            match ChainName::new(chain) {
+                // Declarations come before rules: sorted once, at the first rule.
+                ChainName::Hashed(h) => {
+                    let (prefix, hash) = h.parts();
+                    self.out.chains.hashed.push(HashedEntry {
+                        hash,
+                        revision: 0,
+                        rules: 0,
+                        prefix,
+                        has_revision: false,
+                        seen: false,
+                    });
+                    self.out.chains.unsorted = true;
+                }
+                other => self.out.chains.insert_name(
+                    other,
+                    OwnedChain {
+                        revision: None,
+                        rules: 0,
+                    },
+                ),
+            }
+            self.current = None;
+        } else if builtin {
+            self.builtin.insert(chain.to_owned());
+        }
+    }
+
+    /// A chain of an nf_tables dump ([`crate::kernel::xtables_nft`]): all chains come
+    /// before the first rule.
+    pub fn dump_chain(&mut self, chain: &str, base: bool) {
+        self.inside = true;
+        self.declare(chain, base);
+    }
+
+    /// A rule of an nf_tables dump, in its chain's order: `revision` when it is exactly
+    /// a revision rule, `target` the chain it jumps or goes to. A built-in chain's
+    /// jumps to owned chains need their words, which a dump does not give: such chains
+    /// are listed by [`SaveParser::finish_dump`] for the caller to read with
+    /// `iptables -S CHAIN`.
+    pub fn dump_rule(&mut self, chain: &str, revision: Option<u64>, target: Option<&str>) {
+        if names::is_owned(chain) && self.owned_rule(chain, || revision) {
+            return;
+        }
+        let Some(target) = target.filter(|t| names::is_owned(t)) else {
+            return;
+        };
+        if self.builtin.contains(chain) {
+            self.out.jumps.entry(chain.to_owned()).or_default();
+        } else {
+            self.out.foreign_refs.insert(target.to_owned());
+        }
+    }
+
+    /// The table of a dump, and the built-in chains with jumps to owned chains (their
+    /// jumps still to read, see [`SaveParser::dump_rule`]).
+    #[must_use]
+    pub fn finish_dump(mut self) -> (KernelTable, Vec<String>) {
+        let chains: Vec<String> = std::mem::take(&mut self.out.jumps).into_keys().collect();
+        (self.finish(), chains)
+    }
+
+    /// Counts a rule of an owned chain (`revision`: of the rule, asked for the chain's
+    /// first); false when the chain was not declared.
+    fn owned_rule(&mut self, chain: &str, revision: impl FnOnce() -> Option<u64>) -> bool {
         let name = match &self.current {
             Some((text, name)) if text == chain => name.clone(),
             _ => {
@@ -435,7 +485,6 @@ impl SaveParser {
                 name
             }
         };
-        let first = |rule: &str| revision_in(&split_words(rule));
         let chains = &mut self.out.chains;
         match &name {
             ChainName::Hashed(h) => {
@@ -445,7 +494,7 @@ impl SaveParser {
                 };
                 let entry = &mut chains.hashed[i];
                 if entry.rules == 0 {
-                    let revision = first(rule);
+                    let revision = revision();
                     entry.revision = revision.unwrap_or(0);
                     entry.has_revision = revision.is_some();
                 }
@@ -457,7 +506,7 @@ impl SaveParser {
                     return false;
                 };
                 if owned.rules == 0 {
-                    owned.revision = first(rule);
+                    owned.revision = revision();
                 }
                 owned.rules += 1;
                 true

@@ -1,6 +1,10 @@
 //! When to sync: soon after a change but never more often than the minimum interval
 //! (so a burst of changes costs one sync), at least every sync period (the periodic
-//! resync with its canary check), and after a failure again with backoff.
+//! resync with its check of the kernel), and after a failure again with backoff.
+//!
+//! The periodic deadline is kept by periodic syncs only: change-driven syncs never push
+//! it back, so steady churn cannot starve the check that finds rules someone else
+//! removed.
 
 use std::time::Duration;
 
@@ -69,12 +73,19 @@ impl SyncSchedule {
         (self.next_periodic, SyncKind::Periodic)
     }
 
-    /// Records that a sync starts at `now`: pending changes are taken, the next periodic
-    /// resync is one period away.
-    pub fn started(&mut self, now: Instant) {
+    /// Records that a sync of `kind` starts at `now`: pending changes are taken. A
+    /// periodic sync moves the deadline on by whole periods (periodic syncs keep to a
+    /// fixed grid, so one that started late, behind a change-driven sync, does not
+    /// delay the next; ticks missed while a sync ran are skipped); a change-driven sync
+    /// leaves it where it is.
+    pub fn started(&mut self, kind: SyncKind, now: Instant) {
         self.dirty = false;
         self.last_start = Some(now);
-        self.next_periodic = now + self.period;
+        if kind == SyncKind::Periodic {
+            while self.next_periodic <= now {
+                self.next_periodic += self.period;
+            }
+        }
     }
 
     /// Records that the sync succeeded.
@@ -119,7 +130,7 @@ mod tests {
         let mut s = SyncSchedule::new(MIN, PERIOD, t0);
         s.changed();
         assert_eq!(s.next(true, t0), (t0, SyncKind::Change));
-        s.started(t0);
+        s.started(SyncKind::Change, t0);
         s.succeeded();
         // A burst right after: one sync, one minimum interval after the last.
         let t1 = t0 + Duration::from_millis(100);
@@ -143,15 +154,83 @@ mod tests {
     }
 
     #[test]
-    fn every_sync_pushes_the_periodic_resync_back() {
+    fn change_syncs_leave_the_periodic_deadline_alone() {
         let t0 = Instant::now();
         let mut s = SyncSchedule::new(MIN, PERIOD, t0);
-        s.started(t0 + secs(20));
+        s.changed();
+        s.started(SyncKind::Change, t0 + secs(20));
         s.succeeded();
         assert_eq!(
             s.next(true, t0 + secs(21)),
-            (t0 + secs(50), SyncKind::Periodic)
+            (t0 + PERIOD, SyncKind::Periodic)
         );
+        // A change due after the periodic deadline waits for it: the periodic sync
+        // brings the kernel to the plan too.
+        s.changed();
+        assert_eq!(
+            s.next(true, t0 + secs(29)),
+            (t0 + secs(21), SyncKind::Change)
+        );
+        s.started(SyncKind::Change, t0 + secs(29));
+        s.changed();
+        assert_eq!(
+            s.next(true, t0 + secs(29)),
+            (t0 + PERIOD, SyncKind::Periodic)
+        );
+    }
+
+    #[test]
+    fn a_periodic_sync_puts_the_next_one_a_period_away() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        s.started(SyncKind::Periodic, t0 + PERIOD);
+        s.succeeded();
+        assert_eq!(
+            s.next(true, t0 + PERIOD),
+            (t0 + PERIOD * 2, SyncKind::Periodic)
+        );
+    }
+
+    /// The run loop's shape (`SyncLoop::run`) on paused time: a change arrives every
+    /// 100 ms, each sync takes 20 ms; over three sync periods the periodic check still
+    /// runs once per period.
+    #[tokio::test(start_paused = true)]
+    async fn steady_churn_does_not_starve_the_periodic_check() {
+        let period = Duration::from_secs(2);
+        let min = Duration::from_millis(50);
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(min, period, t0);
+        let mut changes = tokio::time::interval_at(t0, Duration::from_millis(100));
+        // Three periods, and the time for a sync due at the end to finish.
+        let end = t0 + period * 3 + Duration::from_millis(100);
+        let (mut periodic, mut change_syncs) = (Vec::new(), 0);
+        while Instant::now() < end {
+            let (due, kind) = s.next(true, Instant::now());
+            tokio::select! {
+                biased;
+                _ = changes.tick() => s.changed(),
+                () = tokio::time::sleep_until(due) => {
+                    let started = Instant::now();
+                    s.started(kind, started);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    s.succeeded();
+                    match kind {
+                        SyncKind::Periodic => periodic.push(started - t0),
+                        SyncKind::Change => change_syncs += 1,
+                    }
+                }
+            }
+        }
+        assert!(change_syncs >= 50, "{change_syncs} change syncs");
+        assert_eq!(periodic.len(), 3, "periodic checks started at {periodic:?}");
+        for (n, at) in (1u32..).zip(&periodic) {
+            // On its deadline, or right after the change sync running then (20 ms).
+            let deadline = period * n;
+            assert!(
+                *at >= deadline && *at <= deadline + Duration::from_millis(20),
+                "periodic check {n} started at {at:?}"
+            );
+        }
     }
 
     #[test]
@@ -160,15 +239,17 @@ mod tests {
         let mut s = SyncSchedule::new(MIN, PERIOD, t0);
         let mut now = t0;
         let mut delays = Vec::new();
+        let mut kind = SyncKind::Change;
         for _ in 0..7 {
-            s.started(now);
+            s.started(kind, now);
             s.failed(now);
-            let (at, _) = s.next(true, now);
+            let (at, next) = s.next(true, now);
             delays.push((at - now).as_secs());
-            now = at;
+            (now, kind) = (at, next);
         }
-        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
-        s.started(now);
+        // 16 s after t=15 is past the periodic sync at t=30, which retries as well.
+        assert_eq!(delays, [1, 2, 4, 8, 15, 30, 30]);
+        s.started(kind, now);
         s.succeeded();
         s.changed();
         assert_eq!(s.next(true, now), (now + MIN, SyncKind::Change));

@@ -194,8 +194,11 @@ pub fn build_status(
 }
 
 fn ready_condition(observation: &Observation<'_>) -> (bool, String, String) {
+    // Nothing applied by this process does not mean an empty kernel: after a restart
+    // it still holds what the previous agent programmed (and a failed read-back says
+    // nothing about it either).
     let keeping = observation.applied.map_or_else(
-        || "; nothing is programmed yet".to_owned(),
+        || "; the kernel keeps whatever rules it held when this agent started".to_owned(),
         |a| format!("; revision {} stays programmed", a.plan.revision),
     );
     match observation.outcome {
@@ -811,6 +814,39 @@ mod tests {
         // An agent restart finds its own status on the object: nothing to write.
         gate.rebase(Some(first.clone()));
         assert_eq!(gate.offer(first, Instant::now()), None);
+    }
+
+    /// A restarted agent whose first sync failed (its read-back, or its restore) has
+    /// applied nothing itself, but the kernel still holds the previous agent's rules:
+    /// the condition must not call it empty.
+    #[test]
+    fn a_failure_before_the_first_sync_never_claims_an_empty_kernel() {
+        let outcome = PlanOutcome::Merged(merged("r2", 1));
+        let failure = SyncFailure {
+            label: "io",
+            message: "reading nf_tables table ip nat over nfnetlink: Operation not permitted"
+                .to_owned(),
+        };
+        let status = build_status(&observe(&outcome, None, Some(&failure)), None, t(0));
+        let ready = condition(&status, READY);
+        assert_eq!(ready.reason, "SyncFailed");
+        assert!(
+            ready.message.contains("over nfnetlink"),
+            "{}",
+            ready.message
+        );
+        assert!(
+            !ready.message.contains("nothing is programmed"),
+            "{}",
+            ready.message
+        );
+        assert!(
+            ready
+                .message
+                .ends_with("the kernel keeps whatever rules it held when this agent started"),
+            "{}",
+            ready.message
+        );
     }
 
     #[test]

@@ -231,7 +231,7 @@ impl SyncLoop {
     /// # Errors
     /// When the dataplane thread dies.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<(), RunError> {
-        self.schedule.started(Instant::now());
+        self.schedule.started(kind, Instant::now());
         // What waited is now being synced (kube-proxy's checkout).
         self.metrics.endpoint_changes_pending.set(0);
         self.metrics.service_changes_pending.set(0);
@@ -278,7 +278,7 @@ impl SyncLoop {
 
     fn note_outcome(&mut self) {
         let kept = self.applied.as_ref().map_or_else(
-            || "nothing".to_owned(),
+            || "whatever rules it held when this agent started".to_owned(),
             |a| format!("revision {}", a.plan.revision),
         );
         let summary = match &self.outcome {

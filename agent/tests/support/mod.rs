@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use proxyplan_agent::kernel::{Backend, Family, Tool};
 use proxyplan_crds::{
     EmptyAction, Endpoint, IpFamily, LocalTrafficDetection, LocalTrafficMode, MasqueradePlan,
     MergedPlan, Protocol, ServicePortPlan, TrafficPlan, TrafficPolicy,
@@ -252,6 +253,23 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .status();
     }
+}
+
+/// A namespace where `backend`'s `iptables` works, or a SKIPPED line and `None`.
+pub fn namespace_for(backend: Backend) -> Option<Netns> {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return None;
+        }
+    };
+    let probe = backend.binary(Family::V4, Tool::Iptables);
+    if !ns.try_run(&[&probe, "-t", "nat", "-S"]) {
+        println!("SKIPPED: {probe} does not work in a network namespace here");
+        return None;
+    }
+    Some(ns)
 }
 
 /// Inserts a UDP conntrack entry `src:sport -> vip:dport` whose reply comes from

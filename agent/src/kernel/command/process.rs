@@ -1,5 +1,6 @@
 //! [`CommandRunner`]: tools run as processes (optionally inside a network namespace),
-//! conntrack entries over one ctnetlink socket.
+//! conntrack entries over one ctnetlink socket, what `iptables-nft` keeps in nf_tables
+//! over one nfnetlink socket.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -12,6 +13,7 @@ use crate::kernel::conntrack::netlink::ConntrackNetlink;
 use crate::kernel::error::DataplaneError;
 use crate::kernel::family::Family;
 use crate::kernel::namespace::in_namespace;
+use crate::kernel::xtables_nft::{DumpSummary, NftChain, NftRule, XtablesNft};
 
 /// Runs commands with [`std::process::Command`], optionally behind a prefix such as
 /// `ip netns exec NAME`; conntrack entries go over one ctnetlink socket it keeps (shared
@@ -23,6 +25,8 @@ pub struct CommandRunner {
     netns: Option<String>,
     /// The ctnetlink socket, opened on first use, dropped after a failure.
     conntrack: Arc<Mutex<Option<ConntrackNetlink>>>,
+    /// The nfnetlink socket that reads nf_tables, likewise.
+    nftables: Arc<Mutex<Option<XtablesNft>>>,
 }
 
 impl PartialEq for CommandRunner {
@@ -69,21 +73,34 @@ impl CommandRunner {
         what: &str,
         work: impl FnOnce(&mut ConntrackNetlink) -> std::io::Result<T>,
     ) -> Result<T, DataplaneError> {
+        self.with_socket(
+            &self.conntrack,
+            ConntrackNetlink::open,
+            &format!("{what} over ctnetlink"),
+            work,
+        )
+    }
+
+    /// Runs `work` with the socket `held` (opened by `open` in the runner's namespace if
+    /// there is none); a socket that failed is dropped, not reused.
+    fn with_socket<S: Send, T>(
+        &self,
+        held: &Mutex<Option<S>>,
+        open: fn() -> std::io::Result<S>,
+        what: &str,
+        work: impl FnOnce(&mut S) -> std::io::Result<T>,
+    ) -> Result<T, DataplaneError> {
         let fail = |source| DataplaneError::Io {
-            context: format!("{what} over ctnetlink"),
+            context: what.to_owned(),
             source,
         };
-        let mut held = self
-            .conntrack
+        let mut held = held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.is_none() {
             let socket = match &self.netns {
-                Some(name) => in_namespace(
-                    &std::path::Path::new("/run/netns").join(name),
-                    ConntrackNetlink::open,
-                ),
-                None => ConntrackNetlink::open(),
+                Some(name) => in_namespace(&std::path::Path::new("/run/netns").join(name), open),
+                None => open(),
             };
             *held = Some(socket.map_err(fail)?);
         }
@@ -190,11 +207,27 @@ impl CommandRunner {
             other => other.map_err(io_error)?,
         }
         read.map_err(io_error)?;
-        let output = CommandOutput {
+        let mut output = CommandOutput {
             code: status.code(),
             stdout: String::from_utf8_lossy(&stdout_text.map_err(io_error)?).into_owned(),
             stderr: String::from_utf8_lossy(&stderr_text.map_err(io_error)?).into_owned(),
         };
+        if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
+            // A crash (SIGSEGV) says nothing on stderr: say it.
+            output.stderr.push_str(&format!(
+                "{}killed by signal {signal}{}",
+                if output.stderr.trim().is_empty() {
+                    ""
+                } else {
+                    "; "
+                },
+                if signal == 11 {
+                    " (SIGSEGV: the tool crashed)"
+                } else {
+                    ""
+                }
+            ));
+        }
         // `ip netns exec` reports a missing program itself.
         if !self.prefix.is_empty()
             && !output.success()
@@ -283,5 +316,35 @@ impl Runner for CommandRunner {
     /// Over ctnetlink: no `conntrack` process.
     fn conntrack_delete(&self, flows: &StaleFlows) -> Result<usize, DataplaneError> {
         self.conntrack_netlink("deleting UDP conntrack entries", |ct| ct.delete(flows))
+    }
+
+    /// Over nfnetlink: no `iptables-nft-save` process.
+    fn nft_table(
+        &self,
+        family: Family,
+        table: &str,
+        chain: &mut dyn FnMut(NftChain<'_>),
+        rule: &mut dyn FnMut(NftRule<'_>),
+        restart: &mut dyn FnMut(),
+    ) -> Result<Option<DumpSummary>, DataplaneError> {
+        let nft_family = match family {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        };
+        let what = format!("reading nf_tables table {nft_family} {table} over nfnetlink");
+        self.with_socket(&self.nftables, XtablesNft::open, &what, |nft| {
+            nft.dump_table(family, table, chain, rule, restart)
+        })
+        .map(Some)
+    }
+
+    fn nft_generation(&self) -> Result<Option<u32>, DataplaneError> {
+        self.with_socket(
+            &self.nftables,
+            XtablesNft::open,
+            "reading the nf_tables generation over nfnetlink",
+            XtablesNft::generation,
+        )
+        .map(Some)
     }
 }

@@ -6,6 +6,7 @@ use crate::kernel::conntrack::flows::{Flow, StaleFlows};
 use crate::kernel::conntrack::tool;
 use crate::kernel::error::DataplaneError;
 use crate::kernel::family::Family;
+use crate::kernel::xtables_nft::{DumpSummary, NftChain, NftRule};
 
 /// Runs kernel tools. The one place where the agent executes anything.
 pub trait Runner {
@@ -99,5 +100,34 @@ pub trait Runner {
     /// When they cannot be deleted (finding none is not an error).
     fn conntrack_delete(&self, flows: &StaleFlows) -> Result<usize, DataplaneError> {
         tool::delete(&|program, args| self.run(program, args, None), flows)
+    }
+
+    /// Reads `family`'s nf_tables `table` as `iptables-nft` left it, over nfnetlink: its
+    /// chains, then its rules in order ([`crate::kernel::xtables_nft`]); `restart` is
+    /// called before a dump is read again because nf_tables changed meanwhile. `None`:
+    /// this runner cannot (a fake without netlink), the caller runs `iptables-nft-save`.
+    ///
+    /// # Errors
+    /// When the dump fails.
+    fn nft_table(
+        &self,
+        family: Family,
+        table: &str,
+        chain: &mut dyn FnMut(NftChain<'_>),
+        rule: &mut dyn FnMut(NftRule<'_>),
+        restart: &mut dyn FnMut(),
+    ) -> Result<Option<DumpSummary>, DataplaneError> {
+        let _ = (family, table, chain, rule, restart);
+        Ok(None)
+    }
+
+    /// The nf_tables generation, which every commit to nf_tables changes (see
+    /// [`crate::kernel::xtables_nft::XtablesNft::generation`]). `None`: this runner
+    /// cannot tell.
+    ///
+    /// # Errors
+    /// When the kernel cannot be asked.
+    fn nft_generation(&self) -> Result<Option<u32>, DataplaneError> {
+        Ok(None)
     }
 }

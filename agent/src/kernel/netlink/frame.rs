@@ -32,6 +32,8 @@ pub const NLM_F_MULTI: u16 = 0x2;
 pub const NLM_F_ACK: u16 = 0x4;
 /// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`): return every entry.
 pub const NLM_F_DUMP: u16 = 0x300;
+/// A dump's objects changed while it ran: what it returned may be inconsistent.
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
 /// `NLA_F_NESTED`: the attribute's payload is itself a list of attributes.
 pub const NLA_F_NESTED: u16 = 0x8000;
 /// `NLA_F_NET_BYTEORDER`: the payload is in network byte order.

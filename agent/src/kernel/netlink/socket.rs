@@ -10,7 +10,9 @@ use std::io;
 
 use netlink_sys::Socket;
 
-use super::frame::{self, NLM_F_ACK, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, align4};
+use super::frame::{
+    self, NLM_F_ACK, NLM_F_DUMP_INTR, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, align4,
+};
 
 /// Bytes of requests per `send`; the kernel refuses a datagram larger than its send
 /// buffer (about 200 KiB by default).
@@ -194,18 +196,39 @@ impl NetlinkSocket {
     ///
     /// # Errors
     /// When the socket fails or the kernel refuses the dump.
-    pub fn dump(&mut self, mut request: Vec<u8>) -> io::Result<Vec<u8>> {
+    pub fn dump(&mut self, request: Vec<u8>) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.dump_each(request, &mut |message| {
+            out.extend_from_slice(message.bytes);
+            out.resize(align4(out.len()), 0);
+        })?;
+        Ok(out)
+    }
+
+    /// Sends one dump request (its sequence number is overwritten) and hands each reply
+    /// message to `visit` as it is read, so a dump of any size is never held whole.
+    /// Returns whether the kernel flagged the dump as interrupted (`NLM_F_DUMP_INTR`:
+    /// the objects changed while it ran, so it may be inconsistent).
+    ///
+    /// # Errors
+    /// When the socket fails or the kernel refuses the dump.
+    pub fn dump_each(
+        &mut self,
+        mut request: Vec<u8>,
+        visit: &mut dyn FnMut(RawMessage<'_>),
+    ) -> io::Result<bool> {
         if request.len() < 16 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "short request"));
         }
         let seq = self.next_seq();
         request[8..12].copy_from_slice(&seq.to_ne_bytes());
         self.socket.send(&request, 0)?;
-        let mut out = Vec::new();
+        let mut interrupted = false;
         loop {
             self.receive()?;
             let mut done = false;
             for msg in messages(&self.buf).filter(|m| m.seq == seq) {
+                interrupted |= msg.flags & NLM_F_DUMP_INTR != 0;
                 match msg.message_type {
                     NLMSG_DONE => done = true,
                     NLMSG_ERROR => match msg.errno() {
@@ -213,8 +236,7 @@ impl NetlinkSocket {
                         Some(errno) => return Err(errno_error(errno)),
                     },
                     _ => {
-                        out.extend_from_slice(msg.bytes);
-                        out.resize(align4(out.len()), 0);
+                        visit(msg);
                         if msg.flags & NLM_F_MULTI == 0 {
                             done = true;
                         }
@@ -222,7 +244,7 @@ impl NetlinkSocket {
                 }
             }
             if done {
-                return Ok(out);
+                return Ok(interrupted);
             }
         }
     }

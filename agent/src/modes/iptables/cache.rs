@@ -279,6 +279,85 @@ impl FamilyCache {
         delta
     }
 
+    /// The first way `kernel` (just read) differs from what the last successful sync
+    /// left, as this cache describes it; `None` when it holds exactly that. What it
+    /// notices: an owned chain missing, flushed, with a rule added or removed, or
+    /// rewritten (its revision rule); an owned chain the cache does not have (unless
+    /// flushed and still referenced by someone else's chain); a jump from a built-in
+    /// chain missing, moved out of order, altered or added.
+    pub(crate) fn difference(&self, kernel: &mut KernelFamily) -> Option<String> {
+        // Nothing synced yet: nothing to compare with.
+        self.context.as_ref()?;
+        kernel.filter.chains.clear_seen();
+        kernel.nat.chains.clear_seen();
+        let wanted = self
+            .groups
+            .iter()
+            .flat_map(|(_, g)| {
+                g.chains
+                    .iter()
+                    .map(|c| (c.table, ChainName::Hashed(c.name()), c.revision, c.rules))
+                    .chain(g.others.iter().map(|c| {
+                        (
+                            c.table,
+                            ChainName::Other(c.name.clone()),
+                            c.revision,
+                            c.rules,
+                        )
+                    }))
+            })
+            .chain(
+                self.fixed
+                    .iter()
+                    .map(|f| (f.table, ChainName::new(&f.name), f.revision, f.rules)),
+            );
+        for (table, name, revision, rules) in wanted {
+            if !kernel_has(kernel, table, &name, revision, rules) {
+                let found = kernel.table(table).chains.get_name(&name);
+                return Some(match found {
+                    None => format!("{} chain {name} is missing", table.as_str()),
+                    Some(c) if c.revision != Some(revision) => format!(
+                        "{} chain {name} lost its revision rule (flushed or rewritten)",
+                        table.as_str()
+                    ),
+                    Some(c) => format!(
+                        "{} chain {name} has {} rules instead of {rules}",
+                        table.as_str(),
+                        c.rules
+                    ),
+                });
+            }
+        }
+        for table in TABLES {
+            let held = kernel.table(table);
+            let stray = held.chains.unseen().find(|(name, chain)| {
+                !(chain.rules == 0 && name.with_text(|t| held.foreign_refs.contains(t)))
+            });
+            if let Some((name, _)) = stray {
+                return Some(format!(
+                    "{} chain {name} is not one the agent wrote",
+                    table.as_str()
+                ));
+            }
+            let (deletes, inserts) = jump_changes(&self.base.table(table).base_jumps, &held.jumps);
+            if let Some(jump) = inserts.first() {
+                return Some(format!(
+                    "{} chain {} lacks the jump {:?} (or holds the agent's jumps out of order)",
+                    table.as_str(),
+                    jump.chain,
+                    jump.rule
+                ));
+            }
+            if let Some((chain, position)) = deletes.first() {
+                return Some(format!(
+                    "{} chain {chain} has a jump to the agent's chains it should not (rule {position})",
+                    table.as_str()
+                ));
+            }
+        }
+        None
+    }
+
     /// An unchanged group whose chains the kernel does not hold as cached: a copy with
     /// those marked for writing.
     fn stale_in_kernel(old: &GroupState, kernel: &mut KernelFamily) -> Option<GroupState> {

@@ -2,13 +2,20 @@
 //! together, running `iptables-save`, `iptables-restore` and `iptables` through a
 //! [`Runner`] (a real one, or the fake of [`crate::kernel::command::fake`]).
 //!
-//! The kernel is read (`iptables-save -t filter`, `-t nat`, per family, line by line) on
-//! the first sync, after the canary says the rules were flushed, after a failed restore
-//! and whenever [`IptablesDataplane::invalidate`] asks for it (the periodic full resync).
-//! Every other sync works from the `FamilyCache` of what the last successful restore
-//! left, and sends only the chains whose revision changed: one `iptables-restore
-//! --noflush` per family, both tables in it, streamed as it is rendered, nothing at all
-//! when nothing changed.
+//! The kernel is read ([`Tables::read_family`]: over nfnetlink on the nft back end,
+//! `iptables-legacy-save` on the legacy one) on the first sync, after the periodic check
+//! found it differs from what the agent left, after a failed restore and whenever
+//! [`IptablesDataplane::invalidate`] asks for it. Every other sync works from the
+//! `FamilyCache` of what the last successful restore left, and sends only the chains
+//! whose revision changed: one `iptables-restore --noflush` per family, both tables in
+//! it, streamed as it is rendered, nothing at all when nothing changed.
+//!
+//! The periodic check ([`Dataplane::rules_intact`]) reads the kernel and compares it with
+//! that cache: a chain missing, flushed or with a rule added, a stray owned chain, a
+//! jump from a built-in chain missing or altered. On the nft back end it first asks for
+//! the nf_tables generation, which every commit by anyone changes: when only the
+//! agent's own restores committed since the kernel last matched the cache, nothing was
+//! touched and nothing is read.
 
 use std::io::Write;
 
@@ -22,8 +29,7 @@ use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
-use crate::ruleset::rules::TableName;
-use crate::ruleset::save::KernelFamily;
+use crate::ruleset::save::{KernelChains, KernelFamily};
 use crate::ruleset::tables::Tables;
 
 /// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
@@ -53,6 +59,9 @@ pub struct IptablesDataplane<R> {
     udp: UdpTracker,
     /// What the last sync sent.
     sent: PayloadSize,
+    /// The nf_tables generation at which the kernel was last known to hold exactly what
+    /// the caches describe (nft back end only): nobody else committed since.
+    verified: Option<u32>,
     /// Whether `route_localnet=1` is known to be set (localhost node ports).
     route_localnet: bool,
 }
@@ -224,6 +233,7 @@ impl<R: Runner> IptablesDataplane<R> {
             families: [FamilyState::default(), FamilyState::default()],
             udp: UdpTracker::default(),
             sent: PayloadSize::default(),
+            verified: None,
             route_localnet: false,
         }
     }
@@ -282,12 +292,61 @@ impl<R: Runner> IptablesDataplane<R> {
         }
     }
 
-    /// Forgets the model: the next sync reads the kernel again (the periodic full
-    /// resync).
+    /// Forgets the model: the next sync reads the kernel again.
     pub fn invalidate(&mut self) {
         for state in &mut self.families {
             state.kernel = None;
         }
+        self.verified = None;
+    }
+
+    /// The nf_tables generation, when the back end has one and it can be read (a
+    /// failure only costs a full read at the next check).
+    fn generation(&self) -> Option<u32> {
+        match self.tables().generation() {
+            Ok(generation) => generation,
+            Err(err) => {
+                tracing::debug!(%err, "nf_tables generation unknown; the next check reads the rules");
+                None
+            }
+        }
+    }
+
+    /// Reads every family with rules and compares it with the cache: the first
+    /// difference found, if any. A family that differs keeps what was read, so the next
+    /// sync repairs it from there.
+    fn check_kernel(&mut self) -> Result<Option<String>, DataplaneError> {
+        let start = self.generation();
+        let mut found = None;
+        for family in FAMILIES {
+            let state = &self.families[index(family)];
+            if !state.programmed {
+                continue;
+            }
+            let tables = Tables {
+                runner: &self.runner,
+                backend: self.backend,
+            };
+            let mut kernel = tables.read_family(family, true)?;
+            let state = &mut self.families[index(family)];
+            if let Some(difference) = state.cache.difference(&mut kernel) {
+                state.kernel = Some(kernel);
+                state.in_sync = false;
+                found.get_or_insert(format!("{family:?}: {difference}"));
+            } else {
+                // Same chains as the cache, which stands for them from now on; the
+                // jumps' positions are fresh.
+                kernel.filter.chains = KernelChains::default();
+                kernel.nat.chains = KernelChains::default();
+                state.kernel = Some(kernel);
+                state.in_sync = true;
+            }
+        }
+        self.verified = match (&found, start) {
+            (None, Some(start)) if self.generation() == Some(start) => Some(start),
+            _ => None,
+        };
+        Ok(found)
     }
 
     /// Brings one family to `inputs` (no entries: nothing); returns the chains and jumps
@@ -298,7 +357,7 @@ impl<R: Runner> IptablesDataplane<R> {
         inputs: FamilyInputs<'p>,
         dry_run: bool,
         report: &mut ReportText,
-    ) -> Result<(usize, usize, Vec<EntryChange<'p>>), DataplaneError> {
+    ) -> Result<FamilySync<'p>, DataplaneError> {
         let wanted = !inputs.entries.is_empty();
         let ip = ip_family(family);
         let runner: &dyn Runner = &self.runner;
@@ -325,6 +384,11 @@ impl<R: Runner> IptablesDataplane<R> {
         let changed = delta.changes();
         let rules = delta.rule_count();
         let entries = state.cache.entry_changes(&delta);
+        let commits = if changed > 0 && !dry_run {
+            delta.tables_written()
+        } else {
+            0
+        };
         if changed > 0 {
             report.push(&family_header(self.backend, family));
             if dry_run {
@@ -388,8 +452,25 @@ impl<R: Runner> IptablesDataplane<R> {
         kernel.nat.positions_fresh = false;
         state.kernel = Some(kernel);
         state.in_sync = in_sync;
-        Ok((changed, rules, entries))
+        Ok(FamilySync {
+            changed,
+            rules,
+            entries,
+            commits,
+        })
     }
+}
+
+/// What [`IptablesDataplane::sync_family`] did.
+struct FamilySync<'p> {
+    /// Chains and jumps changed.
+    changed: usize,
+    /// Rules the family then has.
+    rules: usize,
+    /// The entries that changed.
+    entries: Vec<EntryChange<'p>>,
+    /// nf_tables transactions its restore committed (one a table section).
+    commits: u32,
 }
 
 fn family_header(backend: Backend, family: Family) -> String {
@@ -412,13 +493,31 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
         let mut changes = Vec::new();
-        for family in FAMILIES {
-            let inputs = FamilyInputs::of(plan, ip_family(family));
-            let (changed, rules, entries) = self.sync_family(family, inputs, dry_run, &mut text)?;
-            report.changed += changed;
-            report.rules += rules;
-            changes.extend(entries);
-        }
+        // Known good at `start`, and only our restores commit meanwhile: still known good.
+        let start = self
+            .verified
+            .and_then(|_| self.generation())
+            .filter(|g| Some(*g) == self.verified);
+        let mut commits = 0u32;
+        let result = (|| {
+            for family in FAMILIES {
+                let inputs = FamilyInputs::of(plan, ip_family(family));
+                let done = self.sync_family(family, inputs, dry_run, &mut text)?;
+                report.changed += done.changed;
+                report.rules += done.rules;
+                commits += done.commits;
+                changes.extend(done.entries);
+            }
+            Ok::<_, DataplaneError>(())
+        })();
+        self.verified = match start {
+            Some(start) if result.is_ok() => {
+                let end = start.wrapping_add(commits);
+                (commits == 0 || self.generation() == Some(end)).then_some(end)
+            }
+            _ => None,
+        };
+        result?;
         report.conntrack_deleted =
             self.udp
                 .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
@@ -429,19 +528,28 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         Ok(report)
     }
 
+    /// The periodic check: whether the kernel still holds exactly what the last sync
+    /// left (see the module documentation). When it does not, the family that differs
+    /// keeps what was just read, so the next sync repairs it; the difference is logged.
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
-        for family in FAMILIES {
-            if !self.families[index(family)].programmed {
-                continue;
+        if !self.families.iter().any(|f| f.programmed) {
+            return Ok(true);
+        }
+        if self.verified.is_some() && self.generation() == self.verified {
+            return Ok(true);
+        }
+        match self.check_kernel() {
+            Ok(None) => Ok(true),
+            Ok(Some(difference)) => {
+                tracing::warn!(%difference, "the kernel no longer holds the agent's rules as written");
+                Ok(false)
             }
-            for table in [TableName::Nat, TableName::Filter] {
-                if !self.tables().canary_intact(family, table)? {
-                    self.families[index(family)].kernel = None;
-                    return Ok(false);
-                }
+            Err(err) => {
+                // Unknown: read again at the next sync.
+                self.invalidate();
+                Err(err)
             }
         }
-        Ok(true)
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
@@ -456,11 +564,12 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 local: None,
                 node_addresses: Vec::new(),
             };
-            let (changed, _, _) = self.sync_family(family, nothing, false, &mut text)?;
-            report.changed += changed;
+            let done = self.sync_family(family, nothing, false, &mut text)?;
+            report.changed += done.changed;
             self.families[index(family)].programmed = false;
         }
         self.udp.reset();
+        self.verified = None;
         report.payload = text.finish();
         Ok(report)
     }

@@ -107,6 +107,15 @@ impl<'p> Delta<'p> {
         TABLES.iter().map(|t| self.table_changes(*t)).sum()
     }
 
+    /// Tables the payload has a section for: `iptables-nft-restore` commits each one
+    /// as its own nf_tables transaction.
+    pub(crate) fn tables_written(&self) -> u32 {
+        TABLES
+            .iter()
+            .map(|t| u32::from(self.table_changes(*t) > 0))
+            .sum()
+    }
+
     /// Chains written or removed.
     pub(super) fn chain_changes(&self) -> usize {
         self.changes()
