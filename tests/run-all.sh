@@ -36,8 +36,12 @@ if [ ! -x "$vm" ]; then
     status=1
 else
     vm=$(cd "$(dirname "$vm")" && pwd)/$(basename "$vm")
+    # The raw SCTP and TCP senders are python3 scripts: the guest gets Debian's python3
+    # (the binary as python3, its libraries, and its standard library shared read-write).
+    py=$(readlink -f /usr/bin/python3)
+    python_in_vm="--bin $py --file $py:/opt/vm/bin/python3 --share /usr/lib/$(basename "$py")"
     VM_EXTRA_TOOLS="$(command -v socat) $(command -v ss)" \
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs --timeout 1200 --runner" \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs $python_in_vm --timeout 1200 --runner" \
         cargo test --locked -p proxyplan-agent --test traffic --test ipvs_kernel \
         -- --include-ignored --skip legacy_backend --test-threads 2 2>&1 | tee -a "$log" || status=$?
 fi
