@@ -266,7 +266,6 @@ pub fn stale_flows(previous: &UdpPaths, next: &UdpPaths) -> Vec<StaleFlows> {
 #[derive(Debug, Clone, Default)]
 pub struct UdpTracker {
     paths: Option<UdpPaths>,
-    last: ConntrackRun,
 }
 
 pub use crate::kernel::conntrack::ConntrackRun;
@@ -277,14 +276,9 @@ impl UdpTracker {
         self.paths = None;
     }
 
-    /// What the last [`UdpTracker::clear`] did.
-    #[must_use]
-    pub fn last_run(&self) -> ConntrackRun {
-        self.last
-    }
-
     /// Deletes the UDP conntrack entries made stale by the move to `plan`, writing each
-    /// `conntrack` command to `payload`; returns how many were deleted. `changes` are the
+    /// `conntrack` command to `payload`; returns how many were deleted, by family, and how
+    /// long it took (nothing is deleted in a dry run). `changes` are the
     /// entries that changed since the last sync, or `None` to compare whole plans. On
     /// the first sync the table is listed instead. A dry run only writes the commands.
     ///
@@ -297,9 +291,9 @@ impl UdpTracker {
         changes: Option<&[EntryChange<'_>]>,
         dry_run: bool,
         payload: &mut dyn FnMut(&str),
-    ) -> Result<usize, DataplaneError> {
+    ) -> Result<ConntrackRun, DataplaneError> {
         let started = std::time::Instant::now();
-        self.last = ConntrackRun::default();
+        let mut run = ConntrackRun::default();
         let mut next = None;
         let incremental = match (&mut self.paths, changes) {
             (Some(previous), Some(changes)) => previous.update(changes, false),
@@ -328,19 +322,17 @@ impl UdpTracker {
                 flows
             }
         };
-        let mut deleted = 0;
         for flow in &flows {
             payload(&format!(
                 "# {CONNTRACK} {}\n",
                 flow.conntrack_args().join(" ")
             ));
             if !dry_run {
-                let n = runner.conntrack_delete(flow)?;
-                deleted += n;
-                self.last.deleted[usize::from(flow.family() == Family::V6)] += n;
+                run.deleted[usize::from(flow.family() == Family::V6)] +=
+                    runner.conntrack_delete(flow)?;
             }
         }
-        self.last.elapsed = started.elapsed();
+        run.elapsed = started.elapsed();
         // Only once deleted: a failure leaves the paths as they were, to try again.
         if !dry_run {
             match (next, &mut self.paths, changes) {
@@ -351,7 +343,7 @@ impl UdpTracker {
                 _ => {}
             }
         }
-        Ok(deleted)
+        Ok(run)
     }
 }
 

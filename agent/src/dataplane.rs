@@ -26,6 +26,15 @@ pub struct SyncReport {
     pub conntrack: Option<crate::kernel::conntrack::ConntrackRun>,
 }
 
+impl SyncReport {
+    /// Records the stale-UDP conntrack step: its count, and (unless it was a dry run)
+    /// the run itself for the conntrack reconciler metrics.
+    pub fn conntrack_step(&mut self, run: crate::kernel::conntrack::ConntrackRun, dry_run: bool) {
+        self.conntrack_deleted = run.total();
+        self.conntrack = (!dry_run).then_some(run);
+    }
+}
+
 /// A proxy mode's kernel programming.
 pub trait Dataplane {
     /// Brings the kernel to `plan`, sending only the difference to what it holds.

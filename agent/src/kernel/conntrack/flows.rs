@@ -149,3 +149,11 @@ pub struct ConntrackRun {
     /// How long it took.
     pub elapsed: std::time::Duration,
 }
+
+impl ConntrackRun {
+    /// Entries deleted, both families.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.deleted.iter().sum()
+    }
+}

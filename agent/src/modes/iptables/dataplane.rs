@@ -518,12 +518,12 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             _ => None,
         };
         result?;
-        report.conntrack_deleted =
-            self.udp
-                .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
-                    text.push(line)
-                })?;
-        report.conntrack = (!dry_run).then(|| self.udp.last_run());
+        let run = self
+            .udp
+            .clear(&self.runner, plan, Some(&changes), dry_run, &mut |line| {
+                text.push(line)
+            })?;
+        report.conntrack_step(run, dry_run);
         report.payload = text.finish();
         Ok(report)
     }

@@ -256,7 +256,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         });
         let start = Instant::now();
         let payload = &mut report.payload;
-        report.conntrack_deleted = self.udp.clear(
+        let run = self.udp.clear(
             &self.runner,
             plan,
             changed.as_deref(),
@@ -264,7 +264,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             &mut |line| payload.push_str(line),
         )?;
         report.phases.push(("conntrack", start.elapsed()));
-        report.conntrack = (!dry_run).then(|| self.udp.last_run());
+        report.conntrack_step(run, dry_run);
         Ok(report)
     }
 

@@ -452,7 +452,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             _ => None,
         };
         let payload = &mut report.payload;
-        report.conntrack_deleted = self.udp.clear(
+        let run = self.udp.clear(
             &self.runner,
             plan,
             changed.as_deref(),
@@ -460,7 +460,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             &mut |line| payload.push_str(line),
         )?;
         report.phases.push(("conntrack", start.elapsed()));
-        report.conntrack = (!dry_run).then(|| self.udp.last_run());
+        report.conntrack_step(run, dry_run);
         if !dry_run {
             self.plan = sorted(plan).then(|| Arc::clone(plan));
         }
