@@ -128,7 +128,7 @@ fn one_change(dp: &mut IptablesDataplane<Counting>, plan: &mut proxyplan_crds::M
         println!("no IPv4 service port with endpoints to change");
         return;
     };
-    std::sync::Arc::make_mut(entry).cluster_endpoints[0].ip = "10.250.0.1".to_owned();
+    std::sync::Arc::make_mut(entry).cluster_endpoints[0].ip = "10.250.0.1".into();
     let start = Instant::now();
     let report = dp.sync(plan, false).expect("one change");
     let took = start.elapsed();

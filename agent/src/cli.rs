@@ -583,7 +583,15 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         metrics_bind_address,
         state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir),
     };
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    // The sync runs on this thread; one worker serves HTTP, health checks and status
+    // writes. A fixed, small number of threads keeps memory the same on a node of 4 or
+    // 128 cores: each thread that allocates gets its own malloc arena.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     runtime.block_on(run::run(settings, dataplane))?;
     Ok(())
 }

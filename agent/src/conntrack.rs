@@ -391,7 +391,7 @@ mod tests {
     fn ep(text: &str) -> Endpoint {
         let (ip, port) = text.rsplit_once(':').unwrap();
         Endpoint {
-            ip: ip.trim_matches(['[', ']']).to_owned(),
+            ip: ip.trim_matches(['[', ']']).into(),
             port: port.parse().unwrap(),
         }
     }

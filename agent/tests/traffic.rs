@@ -1286,7 +1286,7 @@ fn udp_flows_to_a_terminating_endpoint_last_until_it_stops_serving() {
             .map(|e| {
                 let (ip, port) = e.split_once(':').expect("ip:port");
                 proxyplan_crds::Endpoint {
-                    ip: ip.to_owned(),
+                    ip: ip.into(),
                     port: port.parse().expect("port"),
                 }
             })

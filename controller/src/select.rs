@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LoadBalancerIp, MAX_EXTERNAL_IPS,
     MAX_LOAD_BALANCER_IPS, MAX_SOURCE_RANGES, MAX_ZONES, MasqueradePlan, Protocol, ServicePortPlan,
-    SessionAffinity, TrafficPlan, TrafficPolicy, ZoneEndpoints,
+    SessionAffinity, ToCompactString, TrafficPlan, TrafficPolicy, ZoneEndpoints,
 };
 
 use crate::config::PlannerConfig;
@@ -157,7 +157,7 @@ fn merge_endpoints<'a>(
         .into_iter()
         .map(|((ip, port), model)| Candidate {
             endpoint: Endpoint {
-                ip: ip.to_string(),
+                ip: ip.to_compact_string(),
                 port,
             },
             model,

@@ -106,7 +106,7 @@ mod tests {
     fn entry(port: &str, endpoints: usize) -> ServicePortPlan {
         let list: Vec<Endpoint> = (0..endpoints)
             .map(|i| Endpoint {
-                ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+                ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255).into(),
                 port: 8080,
             })
             .collect();

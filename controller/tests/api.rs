@@ -1309,7 +1309,7 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
         edited.spec.service_ports[0]
             .cluster_endpoints
             .push(proxyplan_crds::Endpoint {
-                ip: "10.244.9.9".to_owned(),
+                ip: "10.244.9.9".into(),
                 port: 8080,
             });
         edited.metadata.resource_version = Some("90".to_owned());

@@ -263,7 +263,7 @@ fn local_policy_endpoint_change_writes_only_the_nodes_involved() {
                     .iter()
                     .filter(|o| o.key.starts_with(&prefix))
                     .flat_map(|o| o.local_endpoints.iter().flatten())
-                    .map(|e| e.ip.clone())
+                    .map(|e| e.ip.to_string())
                     .collect()
             };
             assert!(local_ips(&change.added.node).contains(&change.added.ip.to_string()));
@@ -459,7 +459,7 @@ impl ExpectedEndpoints {
 
     fn check(&self, node: &str, zone: &str, entry: &proxyplan_crds::ServicePortPlan) {
         let ips = |list: &[proxyplan_crds::Endpoint]| -> BTreeSet<String> {
-            list.iter().map(|e| e.ip.clone()).collect()
+            list.iter().map(|e| e.ip.to_string()).collect()
         };
         let (prefix, _) = entry.key.split_once(':').unwrap();
         let prefix = format!("{prefix}:");

@@ -19,6 +19,7 @@ mod revision;
 pub mod runtime;
 mod validate;
 
+pub use compact_str::{CompactString, ToCompactString};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -420,8 +421,10 @@ pub enum EmptyAction {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     /// The endpoint's address.
-    #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
-    pub ip: String,
+    // Held inline (an address fits in 24 bytes): an agent holds one per endpoint of
+    // every Service, and a heap string each cost 3 MB at 10,000 Services.
+    #[schemars(with = "String", regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    pub ip: CompactString,
     /// The endpoint's port for this service port (named target ports resolved).
     #[schemars(range(min = 1, max = 65535))]
     pub port: u16,

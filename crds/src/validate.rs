@@ -134,8 +134,9 @@ struct CachedObject {
     zone: Option<String>,
     /// `base` as a node of `zone` sees it.
     entries: Vec<Arc<ServicePortPlan>>,
-    /// A newer version that was refused, with why: not validated again.
-    refused: Option<(String, PlanError)>,
+    /// A newer version that was refused, with why: not validated again. Boxed, like
+    /// every rarely set field here: the cache has one slot per Service plan.
+    refused: Option<Box<(String, PlanError)>>,
 }
 
 /// Merged entries, sorted by key, with where each came from: `(entry, object, index in
@@ -175,7 +176,7 @@ struct MergedObject {
     /// Its part of the fingerprint (0 when no entries were used).
     part: u64,
     /// Why its newest version was refused, if it was.
-    refused: Option<PlanError>,
+    refused: Option<Box<PlanError>>,
 }
 
 impl MergedObject {
@@ -190,7 +191,7 @@ impl MergedObject {
             } else {
                 0
             },
-            refused: taken.refused.clone(),
+            refused: taken.refused.clone().map(Box::new),
         }
     }
 }
@@ -201,7 +202,7 @@ impl Combined {
         let mut named: Vec<(&Arc<str>, &PlanError)> = self
             .objects
             .iter()
-            .filter_map(|(name, o)| Some((name, o.refused.as_ref()?)))
+            .filter_map(|(name, o)| Some((name, &**o.refused.as_ref()?)))
             .collect();
         named.sort_by(|a, b| a.0.cmp(b.0));
         named
@@ -555,7 +556,7 @@ fn take_cached<'a>(
     // The version held, or a refused newer one: no need to look at the object.
     let known = cache.objects.get_mut(key).and_then(|c| {
         let refused = match &c.refused {
-            Some((refused, err)) if refused == version => Some(err.clone()),
+            Some(refused) if refused.0 == version => Some(refused.1.clone()),
             _ if c.version == version => None,
             _ => return None,
         };
@@ -596,7 +597,7 @@ fn take_cached<'a>(
         }
         Err(err) => match cache.objects.get_mut(key) {
             Some(last_good) => {
-                last_good.refused = Some((version.to_owned(), err.clone()));
+                last_good.refused = Some(Box::new((version.to_owned(), err.clone())));
                 if last_good.zone.as_deref() != zone {
                     last_good.entries = in_zone(&last_good.base, zone);
                     last_good.zone = zone.map(str::to_owned);

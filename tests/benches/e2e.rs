@@ -164,11 +164,12 @@ fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-fn peak_kib(pid: u32) -> u64 {
+/// A `kB` field of `/proc/<pid>/status`, e.g. `VmHWM` (peak resident memory).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
@@ -541,8 +542,10 @@ async fn main() {
         sync_before,
     );
     let apiserver_cpu_ms = per_change(cpu_after, cpu_before);
-    let controller_peak = peak_kib(controller.child.id());
-    let agent_peak = peak_kib(agent.child.id());
+    let controller_peak = status_kib(controller.child.id(), "VmHWM");
+    let agent_peak = status_kib(agent.child.id(), "VmHWM");
+    let agent_anon = status_kib(agent.child.id(), "RssAnon");
+    let agent_file = status_kib(agent.child.id(), "RssFile");
 
     let ms = |v: &mut Vec<f64>| {
         format!(
@@ -616,6 +619,14 @@ async fn main() {
                 "{:.0} / {:.0} MiB",
                 controller_peak as f64 / 1024.0,
                 agent_peak as f64 / 1024.0
+            ),
+        ),
+        Row(
+            "agent memory at the end: heap and stacks (RssAnon) / its binary (RssFile)".into(),
+            format!(
+                "{:.1} / {:.1} MiB",
+                agent_anon as f64 / 1024.0,
+                agent_file as f64 / 1024.0
             ),
         ),
     ];

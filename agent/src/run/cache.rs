@@ -408,11 +408,13 @@ impl PlanCache {
 }
 
 /// Drops what the agent does not read of a stored Service plan's metadata (its trigger
-/// time is read before): annotations, owner references, and labels that only repeat
-/// the name. Each map is a B-tree node of half a KiB: 10 MB at 10,000 Service plans.
+/// time is read before): annotations, owner references, the uid, and labels that only
+/// repeat the name. Each map is a B-tree node of half a KiB: 10 MB at 10,000 Service
+/// plans.
 fn slim(meta: &mut ObjectMeta) {
     meta.annotations = None;
     meta.owner_references = None;
+    meta.uid = None;
     let service = meta
         .labels
         .as_mut()

@@ -383,7 +383,7 @@ mod tests {
             local_endpoints: local
                 .iter()
                 .map(|ip| Endpoint {
-                    ip: (*ip).to_owned(),
+                    ip: (*ip).into(),
                     port: 8080,
                 })
                 .collect(),

@@ -856,7 +856,7 @@ pub fn merged(node: Node, mut ports: Vec<ServicePortPlan>) -> MergedPlan {
 pub fn ep(text: &str) -> Endpoint {
     let (ip, port) = text.rsplit_once(':').expect("ip:port");
     Endpoint {
-        ip: ip.trim_matches(['[', ']']).to_owned(),
+        ip: ip.trim_matches(['[', ']']).into(),
         port: port.parse().expect("port"),
     }
 }

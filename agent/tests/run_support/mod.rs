@@ -704,7 +704,7 @@ pub const ZONE: &str = "eu-west-1a";
 fn endpoints(list: &[&str]) -> Vec<Endpoint> {
     list.iter()
         .map(|ip| Endpoint {
-            ip: (*ip).to_owned(),
+            ip: (*ip).into(),
             port: 8080,
         })
         .collect()

@@ -17,7 +17,7 @@ use proxyplan_crds::{
 pub fn ep(text: &str) -> Endpoint {
     let (ip, port) = text.rsplit_once(':').expect("ip:port");
     Endpoint {
-        ip: ip.trim_matches(['[', ']']).to_owned(),
+        ip: ip.trim_matches(['[', ']']).into(),
         port: port.parse().expect("port"),
     }
 }

@@ -554,7 +554,7 @@ pub fn keys(merged: &MergedPlan) -> Vec<String> {
 pub fn eps(list: &[(&str, u16)]) -> Vec<Endpoint> {
     list.iter()
         .map(|(ip, port)| Endpoint {
-            ip: (*ip).to_owned(),
+            ip: (*ip).into(),
             port: *port,
         })
         .collect()

@@ -176,7 +176,8 @@ fn candidates<'a>(
                 ip: address
                     .parse::<IpAddr>()
                     .map_err(|_| format!("EndpointSlice {slice_name}: bad address {address:?}"))?
-                    .to_string(),
+                    .to_string()
+                    .into(),
                 port: number,
             };
             if out.iter().any(|c| c.endpoint == endpoint) {
@@ -512,7 +513,7 @@ mod tests {
         let b = expected_entries(&services, &slices, view(&world, 1)).unwrap();
         let c = expected_entries(&services, &slices, view(&world, 2)).unwrap();
         let ep = |ip: &str, port| Endpoint {
-            ip: ip.to_owned(),
+            ip: ip.into(),
             port,
         };
 
