@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 pub use revision::{revision_of, stable_hash};
 pub use validate::{
-    MergeCache, MergedPlan, PlanError, merge, merge_cached, merge_owned, merge_update, object_key,
-    primary_addresses,
+    MergeCache, MergedPlan, PlanError, PlanRef, merge, merge_cached, merge_owned, merge_refs,
+    merge_update, object_key, primary_addresses,
 };
 
 /// API group of every proxyplan kind.

@@ -323,7 +323,7 @@ impl MergeCache {
     /// merge, which reports it.
     pub fn hold(&mut self, object: &ServiceProxyPlan, zone: Option<&str>) -> bool {
         let key = object_key(object);
-        let taken = take_cached(self, object, &key, zone, || {
+        let taken = take_cached(self, PlanRef::Object(object), &key, zone, |object| {
             ObjectEntries::Borrowed(&object.spec.service_ports)
         });
         taken.version.is_some() && taken.refused.is_none() && taken.entries.is_some()
@@ -372,6 +372,47 @@ pub fn object_key(object: &ServiceProxyPlan) -> String {
     )
 }
 
+/// A Service plan as a merge reads it: the object, or only the identity of a version
+/// whose validated entries the cache [`MergeCache::holds`] (a caller holding thousands
+/// of Service plans then keeps no copy of them).
+#[derive(Debug, Clone, Copy)]
+pub enum PlanRef<'a> {
+    /// The whole object.
+    Object(&'a ServiceProxyPlan),
+    /// A version the cache holds.
+    Held {
+        /// `namespace/name`.
+        key: &'a str,
+        /// Its `resourceVersion`.
+        version: &'a str,
+        /// Its `spec.revision`.
+        revision: &'a str,
+    },
+}
+
+impl PlanRef<'_> {
+    fn key(&self) -> String {
+        match self {
+            Self::Object(object) => object_key(object),
+            Self::Held { key, .. } => (*key).to_owned(),
+        }
+    }
+
+    fn version(&self) -> Option<&str> {
+        match self {
+            Self::Object(object) => object.metadata.resource_version.as_deref(),
+            Self::Held { version, .. } => Some(version),
+        }
+    }
+
+    fn revision(&self) -> &str {
+        match self {
+            Self::Object(object) => &object.spec.revision,
+            Self::Held { revision, .. } => revision,
+        }
+    }
+}
+
 /// [`merge`], reusing (and refreshing) `cache`: only objects whose `resourceVersion`
 /// changed since the cache saw them are validated and copied. Objects without a
 /// `resourceVersion` (read from files) are never cached.
@@ -381,6 +422,20 @@ pub fn object_key(object: &ServiceProxyPlan) -> String {
 pub fn merge_cached(
     plan: &NodeProxyPlan,
     services: &[ServiceProxyPlan],
+    cache: &mut MergeCache,
+) -> Result<MergedPlan, PlanError> {
+    let refs: Vec<PlanRef<'_>> = services.iter().map(PlanRef::Object).collect();
+    merge_refs(plan, &refs, cache)
+}
+
+/// [`merge_cached`] for a caller that keeps only the identity of the objects whose
+/// entries the cache holds ([`PlanRef::Held`]).
+///
+/// # Errors
+/// As [`merge`].
+pub fn merge_refs(
+    plan: &NodeProxyPlan,
+    services: &[PlanRef<'_>],
     cache: &mut MergeCache,
 ) -> Result<MergedPlan, PlanError> {
     merge_with(plan, services, cache, |_, object| {
@@ -402,7 +457,8 @@ pub fn merge_owned(
         .iter_mut()
         .map(|s| std::mem::take(&mut s.spec.service_ports))
         .collect();
-    merge_with(&plan, &services, &mut MergeCache::default(), |index, _| {
+    let refs: Vec<PlanRef<'_>> = services.iter().map(PlanRef::Object).collect();
+    merge_with(&plan, &refs, &mut MergeCache::default(), |index, _| {
         ObjectEntries::Owned(
             entries
                 .get_mut(index)
@@ -530,15 +586,33 @@ struct Taken {
 
 fn take_cached<'a>(
     cache: &mut MergeCache,
-    object: &'a ServiceProxyPlan,
+    plan_ref: PlanRef<'a>,
     key: &str,
     zone: Option<&str>,
-    entries_of: impl FnOnce() -> ObjectEntries<'a>,
+    entries_of: impl FnOnce(&'a ServiceProxyPlan) -> ObjectEntries<'a>,
 ) -> Taken {
-    let revision = object.spec.revision.clone();
-    let Some(version) = object.metadata.resource_version.as_deref() else {
+    let revision = plan_ref.revision().to_owned();
+    // Without the object, only a version the cache holds can be taken.
+    let object = match plan_ref {
+        PlanRef::Object(object) => Some(object),
+        PlanRef::Held { .. } => None,
+    };
+    let not_held = |version: &str| Taken {
+        entries: None,
+        version: None,
+        revision: revision.clone(),
+        refused: Some(PlanError::InvalidField {
+            object: format!("ServiceProxyPlan/{key}"),
+            field: "metadata.resourceVersion".to_owned(),
+            reason: format!("version {version} was neither kept nor held by the merge cache"),
+        }),
+    };
+    let Some(version) = plan_ref.version() else {
         cache.objects.remove(key);
-        return match take_object(object, key, entries_of()) {
+        let Some(object) = object else {
+            return not_held("(none)");
+        };
+        return match take_object(object, key, entries_of(object)) {
             Ok(base) => Taken {
                 entries: Some(in_zone(&base, zone)),
                 version: None,
@@ -574,7 +648,10 @@ fn take_cached<'a>(
             refused,
         };
     }
-    match take_object(object, key, entries_of()) {
+    let Some(object) = object else {
+        return not_held(version);
+    };
+    match take_object(object, key, entries_of(object)) {
         Ok(base) => {
             let entries = in_zone(&base, zone);
             cache.objects.insert(
@@ -668,7 +745,7 @@ fn check_plan(plan: &NodeProxyPlan, check: &Checker<'_>) -> Result<Vec<IpAddr>, 
 /// `entries_of(position in services, object)`.
 fn merge_with<'a>(
     plan: &NodeProxyPlan,
-    services: &'a [ServiceProxyPlan],
+    services: &[PlanRef<'a>],
     cache: &mut MergeCache,
     mut entries_of: impl FnMut(usize, &'a ServiceProxyPlan) -> ObjectEntries<'a>,
 ) -> Result<MergedPlan, PlanError> {
@@ -683,8 +760,10 @@ fn merge_with<'a>(
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(services.len());
     let mut taken: Vec<(Arc<str>, Taken)> = Vec::with_capacity(services.len());
     for (position, object) in services.iter().enumerate() {
-        let key = object_key(object);
-        let result = take_cached(cache, object, &key, zone, || entries_of(position, object));
+        let key = object.key();
+        let result = take_cached(cache, *object, &key, zone, |object| {
+            entries_of(position, object)
+        });
         let name: Arc<str> = Arc::from(key.as_str());
         match seen.get(&key) {
             Some(&at) => {
@@ -737,7 +816,7 @@ fn merge_with<'a>(
 /// When the node plan itself is invalid.
 pub fn merge_update<'a>(
     plan: &NodeProxyPlan,
-    lookup: impl Fn(&str) -> Option<&'a ServiceProxyPlan>,
+    lookup: impl Fn(&str) -> Option<PlanRef<'a>>,
     changed: &[String],
     cache: &mut MergeCache,
 ) -> Option<Result<MergedPlan, PlanError>> {
@@ -782,7 +861,7 @@ pub fn merge_update<'a>(
             }
             continue;
         };
-        let taken = take_cached(cache, object, key, zone, || {
+        let taken = take_cached(cache, object, key, zone, |object| {
             ObjectEntries::Borrowed(&object.spec.service_ports)
         });
         let merged = MergedObject::of(&name, &taken);

@@ -4,9 +4,9 @@
 
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
-    MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, Protocol,
-    ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan, TrafficPolicy,
-    ZoneEndpoints, merge, merge_cached, merge_owned, merge_update, object_key,
+    MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, PlanRef,
+    Protocol, ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan, TrafficPolicy,
+    ZoneEndpoints, merge, merge_cached, merge_owned, merge_refs, merge_update, object_key,
 };
 use std::sync::Arc;
 
@@ -403,6 +403,46 @@ fn versioned(mut object: ServiceProxyPlan, version: &str) -> ServiceProxyPlan {
     object
 }
 
+/// A caller that keeps only the identity of the objects the cache holds merges as if
+/// it kept them; an identity whose version the cache does not hold is refused, named.
+#[test]
+fn held_identities_merge_like_the_objects() {
+    let one = versioned(
+        service(
+            "web",
+            vec![entry("web", "http", "10.96.0.1", vec![ep("10.0.0.1", 80)])],
+        ),
+        "1",
+    );
+    let p = plan(None, Vec::new());
+    let mut cache = MergeCache::keeping_unnamed();
+    assert!(cache.hold(&one, None));
+    let held = PlanRef::Held {
+        key: "default/web",
+        version: "1",
+        revision: &one.spec.revision,
+    };
+    let merged = merge_refs(&p, &[held], &mut cache).expect("merges");
+    assert_eq!(
+        merged,
+        merge(&p, std::slice::from_ref(&one)).expect("merges")
+    );
+
+    let unknown = PlanRef::Held {
+        key: "default/web",
+        version: "7",
+        revision: &one.spec.revision,
+    };
+    let merged = merge_refs(&p, &[unknown], &mut cache).expect("merges");
+    assert!(merged.service_ports.is_empty());
+    assert_eq!(merged.refused.len(), 1);
+    let text = merged.refused[0].to_string();
+    assert!(
+        text.starts_with("ServiceProxyPlan/default/web: metadata.resourceVersion"),
+        "{text}"
+    );
+}
+
 #[test]
 fn merge_cached_shares_unchanged_entries_and_checks_changed_objects_again() {
     let other = "default/other:http/TCP/IPv4";
@@ -665,7 +705,12 @@ fn merge_cached_over_many_changes_equals_a_fresh_merge() {
             .filter(|k| before.get(*k) != after.get(*k))
             .cloned()
             .collect();
-        let lookup = |key: &str| objects.iter().find(|o| object_key(o) == key);
+        let lookup = |key: &str| {
+            objects
+                .iter()
+                .find(|o| object_key(o) == key)
+                .map(PlanRef::Object)
+        };
         let incremental = match merge_update(&p, lookup, &changed, &mut updated) {
             Some(result) => {
                 updates += 1;

@@ -233,7 +233,12 @@ impl Objects {
         let plan = self.plan.as_ref().expect("node plan");
         let changed = std::mem::take(&mut self.changed);
         let (services, index) = (&self.services, &self.index);
-        let lookup = |key: &str| index.get(key).and_then(|&i| services.get(i));
+        let lookup = |key: &str| {
+            index
+                .get(key)
+                .and_then(|&i| services.get(i))
+                .map(proxyplan_crds::PlanRef::Object)
+        };
         match merge_update(plan, lookup, &changed, &mut self.cache) {
             Some(result) => result.expect("merges"),
             None => merge_cached(plan, &self.services, &mut self.cache).expect("merges"),

@@ -11,8 +11,8 @@ use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use proxyplan_crds::lenient::{DecodeError, Lenient};
 use proxyplan_crds::{
-    MergeCache, MergedPlan, NodeProxyPlan, PlanError, SERVICE_LABEL, ServiceProxyPlan,
-    TRIGGER_TIME_ANNOTATION, merge_cached, merge_update, object_key,
+    CompactString, MergeCache, MergedPlan, NodeProxyPlan, PlanError, PlanRef, SERVICE_LABEL,
+    ServiceProxyPlan, TRIGGER_TIME_ANNOTATION, merge_refs, merge_update, object_key,
 };
 
 /// What the current plan and Service plans amount to.
@@ -47,20 +47,83 @@ pub struct Change {
     pub trigger: Option<SystemTime>,
 }
 
+/// One stored Service plan: the object while the merge cache does not hold its entries
+/// (not merged yet, or refused), and only its identity once it does. An object costs
+/// 408 bytes before its strings; thousands of them were the agent's largest structure.
+#[derive(Debug)]
+enum Stored {
+    Object(Box<ServiceProxyPlan>),
+    Held {
+        key: CompactString,
+        version: CompactString,
+        revision: CompactString,
+    },
+}
+
+impl Stored {
+    /// `object`, as its identity when `merges` holds its entries.
+    fn of(object: ServiceProxyPlan, merges: &Merges) -> Self {
+        match object.metadata.resource_version.as_deref() {
+            Some(version) if merges.holds(&object) => Self::Held {
+                key: object_key(&object).into(),
+                version: version.into(),
+                revision: object.spec.revision.as_str().into(),
+            },
+            _ => Self::Object(Box::new(object)),
+        }
+    }
+
+    fn key(&self) -> String {
+        match self {
+            Self::Object(object) => object_key(object),
+            Self::Held { key, .. } => key.to_string(),
+        }
+    }
+
+    fn plan_ref(&self) -> PlanRef<'_> {
+        match self {
+            Self::Object(object) => PlanRef::Object(object),
+            Self::Held {
+                key,
+                version,
+                revision,
+            } => PlanRef::Held {
+                key,
+                version,
+                revision,
+            },
+        }
+    }
+
+    /// Becomes its identity once `merges` holds its entries.
+    fn settle(&mut self, merges: &Merges) {
+        if let Self::Object(object) = self
+            && merges.holds(object)
+            && let Some(version) = object.metadata.resource_version.as_deref()
+        {
+            *self = Self::Held {
+                key: object_key(object).into(),
+                version: version.into(),
+                revision: object.spec.revision.as_str().into(),
+            };
+        }
+    }
+}
+
 /// Service plans by `namespace/name`, kept in one vector so a merge borrows them without
 /// copying.
 #[derive(Debug, Default)]
 struct ServiceStore {
-    objects: Vec<ServiceProxyPlan>,
+    objects: Vec<Stored>,
     index: HashMap<String, usize>,
 }
 
 impl ServiceStore {
-    fn get(&self, key: &str) -> Option<&ServiceProxyPlan> {
+    fn get(&self, key: &str) -> Option<&Stored> {
         self.index.get(key).and_then(|&i| self.objects.get(i))
     }
 
-    fn upsert(&mut self, key: String, object: ServiceProxyPlan) {
+    fn upsert(&mut self, key: String, object: Stored) {
         if let Some(&i) = self.index.get(&key)
             && let Some(slot) = self.objects.get_mut(i)
         {
@@ -77,7 +140,7 @@ impl ServiceStore {
         };
         self.objects.swap_remove(i);
         if let Some(moved) = self.objects.get(i) {
-            self.index.insert(object_key(moved), i);
+            self.index.insert(moved.key(), i);
         }
         true
     }
@@ -292,18 +355,18 @@ impl PlanCache {
                 let relevant = was_undecodable
                     || match self.services.get(&key) {
                         None => true,
-                        // Entries dropped: the same resourceVersion is the same content.
-                        Some(held)
-                            if held.spec.service_ports.is_empty() && self.merges.holds(held) =>
-                        {
-                            held.metadata.resource_version != object.metadata.resource_version
+                        // Entries held by the merge cache: the same resourceVersion is the
+                        // same content.
+                        Some(Stored::Held { version, .. }) => {
+                            Some(version.as_str()) != object.metadata.resource_version.as_deref()
                         }
-                        Some(held) => held.spec != object.spec,
+                        Some(Stored::Object(held)) => held.spec != object.spec,
                     };
                 if relevant {
                     self.changed.insert(key.clone());
                 }
-                self.services.upsert(key, object);
+                let stored = Stored::of(object, &self.merges);
+                self.services.upsert(key, stored);
                 relevant
             }
             Err(err) => {
@@ -357,31 +420,36 @@ impl PlanCache {
         let updated = if self.merge_all {
             None
         } else {
-            merge_update(plan, |key| store.get(key), &changed, &mut self.merges.0)
+            merge_update(
+                plan,
+                |key| store.get(key).map(Stored::plan_ref),
+                &changed,
+                &mut self.merges.0,
+            )
         };
         let all = updated.is_none();
         let result = match updated {
             Some(result) => result,
-            None => merge_cached(plan, &self.services.objects, &mut self.merges.0),
+            None => {
+                let refs: Vec<PlanRef<'_>> = store.objects.iter().map(Stored::plan_ref).collect();
+                merge_refs(plan, &refs, &mut self.merges.0)
+            }
         };
         match result {
             Ok(mut merged) => {
-                // The cache holds these objects' validated entries now: the stored
-                // copies go.
+                // The cache holds these objects' validated entries now: only their
+                // identity stays stored.
                 let merges = &self.merges;
-                let drop_entries = |object: &mut ServiceProxyPlan| {
-                    if !object.spec.service_ports.is_empty() && merges.holds(object) {
-                        object.spec.service_ports = Vec::new();
-                    }
-                };
                 if all {
-                    self.services.objects.iter_mut().for_each(drop_entries);
+                    for stored in &mut self.services.objects {
+                        stored.settle(merges);
+                    }
                 } else {
                     for key in &changed {
                         if let Some(&i) = self.services.index.get(key)
-                            && let Some(object) = self.services.objects.get_mut(i)
+                            && let Some(stored) = self.services.objects.get_mut(i)
                         {
-                            drop_entries(object);
+                            stored.settle(merges);
                         }
                     }
                 }
@@ -540,12 +608,11 @@ mod tests {
         cache.plan_event(Event::InitDone);
         cache.service_event(Event::Init);
         cache.service_event(Event::InitApply(service("a", "1", &["x", "y"])));
-        let object = cache.services.get("demo/a").unwrap();
         assert!(
-            object.spec.service_ports.is_empty(),
-            "entries moved at once"
+            matches!(cache.services.get("demo/a"), Some(Stored::Held { .. })),
+            "only its identity is stored: the merge cache holds its entries"
         );
-        assert!(cache.merges.holds(object));
+        assert!(cache.merges.0.holds("demo/a", "1"));
         cache.service_event(Event::InitDone);
         assert_eq!(
             keys(&cache.evaluate()),
@@ -577,9 +644,9 @@ mod tests {
             ]
         );
         let held = |cache: &PlanCache, key: &str| {
-            cache.services.get(key).unwrap().spec.service_ports.len()
+            matches!(cache.services.get(key), Some(Stored::Held { .. }))
         };
-        assert_eq!(held(&cache, "demo/a"), 0, "entries dropped from the object");
+        assert!(held(&cache, "demo/a"), "only the identity stays stored");
         assert_eq!(keys(&cache.evaluate()).len(), 3);
 
         // The same version again changes nothing.
@@ -590,6 +657,10 @@ mod tests {
         // A new version brings its entries; a deleted object is forgotten.
         let a2 = service("a", "2", &["w"]);
         assert!(cache.service_event(Event::Apply(a2)).relevant);
+        assert!(
+            !held(&cache, "demo/a"),
+            "a new version is stored whole until merged"
+        );
         assert_eq!(
             keys(&cache.evaluate()),
             ["demo/a:w/TCP/IPv4", "demo/b:z/TCP/IPv4"]
@@ -605,7 +676,7 @@ mod tests {
         cache.service_event(Event::InitApply(service("b", "1", &["z"])));
         cache.service_event(Event::InitDone);
         assert_eq!(keys(&cache.evaluate()).len(), 2);
-        assert_eq!(held(&cache, "demo/b"), 0);
+        assert!(held(&cache, "demo/b"));
     }
 
     /// A re-list stores what it shows as it arrives and drops, when complete, what it

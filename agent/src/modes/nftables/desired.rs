@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proxyplan_crds::stable_hash;
 
@@ -38,13 +38,66 @@ pub struct FamilyState {
     /// Owners of destinations.
     pub claims: HashMap<Dest, Claim>,
     /// Entries per hairpin element `(endpoint, protocol, port)`.
-    pub hairpin: HashMap<(IpAddr, u8, u16), u32>,
+    pub hairpin: HairpinCounts,
     /// Entries per cluster IP.
     pub cluster_ips: HashMap<IpAddr, u32>,
     /// Owned destinations per shared chain.
     pub shared: HashMap<SharedChain, u32>,
     /// Entries of this family.
     pub entries: usize,
+}
+
+/// Entries per hairpin element `(endpoint, protocol, port)`. A table has one element
+/// per endpoint: an IPv4 one is kept in 12 bytes instead of 24 (1.5 MB less at 100,000
+/// endpoints).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HairpinCounts {
+    v4: HashMap<(u32, u32), u32>,
+    v6: HashMap<(Ipv6Addr, u8, u16), u32>,
+}
+
+/// An IPv4 element, packed: the address, then protocol and port.
+fn pack4(ip: Ipv4Addr, proto: u8, port: u16) -> (u32, u32) {
+    (u32::from(ip), u32::from(proto) << 16 | u32::from(port))
+}
+
+impl HairpinCounts {
+    /// One more entry wants `element`; true when it is the first.
+    pub fn increment(&mut self, (ip, proto, port): (IpAddr, u8, u16)) -> bool {
+        match ip {
+            IpAddr::V4(ip) => increment(&mut self.v4, pack4(ip, proto, port)),
+            IpAddr::V6(ip) => increment(&mut self.v6, (ip, proto, port)),
+        }
+    }
+
+    /// One fewer; true when it was the last.
+    pub fn decrement(&mut self, (ip, proto, port): (IpAddr, u8, u16)) -> bool {
+        match ip {
+            IpAddr::V4(ip) => decrement(&mut self.v4, pack4(ip, proto, port)),
+            IpAddr::V6(ip) => decrement(&mut self.v6, (ip, proto, port)),
+        }
+    }
+
+    /// Whether some entry wants `element`.
+    #[must_use]
+    pub fn contains(&self, (ip, proto, port): (IpAddr, u8, u16)) -> bool {
+        match ip {
+            IpAddr::V4(ip) => self.v4.contains_key(&pack4(ip, proto, port)),
+            IpAddr::V6(ip) => self.v6.contains_key(&(ip, proto, port)),
+        }
+    }
+
+    /// How many elements are wanted.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    /// Whether none is.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Adds one to a count; true when it was 0.
@@ -73,7 +126,7 @@ impl FamilyState {
         Self {
             ctx,
             claims: HashMap::new(),
-            hairpin: HashMap::new(),
+            hairpin: HairpinCounts::default(),
             cluster_ips: HashMap::new(),
             shared: HashMap::new(),
             entries: 0,
@@ -148,5 +201,31 @@ impl FamilyState {
     #[must_use]
     pub fn objects(&self) -> usize {
         self.claims.len() + self.hairpin.len() + self.cluster_ips.len() + self.shared.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Elements are counted per entry and told apart by address, protocol and port, in
+    /// both families.
+    #[test]
+    fn hairpin_elements_are_counted_per_address_protocol_and_port() {
+        let mut counts = HairpinCounts::default();
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        assert!(counts.increment((v4, 6, 80)));
+        assert!(!counts.increment((v4, 6, 80)), "a second entry");
+        assert!(counts.increment((v4, 17, 80)), "another protocol");
+        assert!(counts.increment((v4, 6, 81)), "another port");
+        assert!(counts.increment((v6, 6, 80)));
+        assert_eq!(counts.len(), 4);
+        assert!(!counts.decrement((v4, 6, 80)));
+        assert!(counts.contains((v4, 6, 80)));
+        assert!(counts.decrement((v4, 6, 80)), "the last entry");
+        assert!(!counts.contains((v4, 6, 80)));
+        assert!(counts.contains((v4, 17, 80)) && counts.contains((v6, 6, 80)));
+        assert!(!counts.contains(("10.0.0.2".parse().unwrap(), 6, 80)));
     }
 }

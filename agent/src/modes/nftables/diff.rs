@@ -323,7 +323,7 @@ pub fn full(
             }
         }
         for hairpin in &objects.hairpin {
-            if increment(&mut state.hairpin, *hairpin) {
+            if state.hairpin.increment(*hairpin) {
                 let (ip, proto, port) = *hairpin;
                 to.element(names::HAIRPIN, &hairpin_key(ip, proto, port), None);
             }
@@ -611,7 +611,7 @@ pub fn update(
                 counted
                     .entry(hairpin_key(ip, proto, port))
                     .or_insert((names::HAIRPIN, true));
-                decrement(&mut state.hairpin, *hp);
+                state.hairpin.decrement(*hp);
             }
             if let Some(ip) = objects.cluster_ip {
                 counted
@@ -631,8 +631,8 @@ pub fn update(
                 let (ip, proto, port) = *hp;
                 counted
                     .entry(hairpin_key(ip, proto, port))
-                    .or_insert((names::HAIRPIN, state.hairpin.contains_key(hp)));
-                increment(&mut state.hairpin, *hp);
+                    .or_insert((names::HAIRPIN, state.hairpin.contains(*hp)));
+                state.hairpin.increment(*hp);
             }
             if let Some(ip) = objects.cluster_ip {
                 counted
@@ -651,7 +651,7 @@ pub fn update(
                 .get(2 * a + 4..2 * a + 6)
                 .map(|p| u16::from_be_bytes([p[0], p[1]]))
                 .unwrap_or(0);
-            ip.is_some_and(|ip| state.hairpin.contains_key(&(ip, proto, port)))
+            ip.is_some_and(|ip| state.hairpin.contains((ip, proto, port)))
         } else {
             ip_of(&key).is_some_and(|ip| state.cluster_ips.contains_key(&ip))
         };

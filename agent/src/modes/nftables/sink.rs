@@ -24,7 +24,7 @@ use crate::kernel::nftables::{Chain, Data, NftKernel, Rule as KernelRule, Table,
 pub const TRANSACTION_BYTES: usize = 1 << 20;
 
 /// Bytes of text a real (not dry-run) sync keeps for its report.
-pub const REPORT_TEXT_LIMIT: usize = 1 << 20;
+pub const REPORT_TEXT_LIMIT: usize = 64 << 10;
 
 /// How many times a transaction refused with `ERESTART` (someone else committed between
 /// reading the generation and sending) is sent again.
