@@ -247,13 +247,13 @@ fn plan_port(
     let detect_local = config.detects_local_traffic(family);
     out.entries.push(ServicePortPlan {
         key: key.clone(),
-        namespace: svc.key.namespace.clone(),
-        name: svc.key.name.clone(),
-        port_name: port.name.clone(),
+        namespace: svc.key.namespace.as_str().into(),
+        name: svc.key.name.as_str().into(),
+        port_name: port.name.as_str().into(),
         family,
         protocol: port.protocol,
         port: port.port,
-        cluster_ip: cluster_ip.to_string(),
+        cluster_ip: cluster_ip.to_compact_string(),
         external_ips,
         load_balancer_ips,
         node_port: port.node_port,

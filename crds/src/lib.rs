@@ -231,12 +231,17 @@ pub struct ServicePortPlan {
     #[schemars(length(min = 1, max = 600))]
     pub key: String,
     /// Namespace of the Service.
-    pub namespace: String,
+    // Short strings here are held inline (`CompactString`): an agent holds one entry per
+    // service port of the cluster.
+    #[schemars(with = "String")]
+    pub namespace: CompactString,
     /// Name of the Service.
-    pub name: String,
+    #[schemars(with = "String")]
+    pub name: CompactString,
     /// Name of the port in the Service (may be empty for single-port Services).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub port_name: String,
+    #[serde(default, skip_serializing_if = "CompactString::is_empty")]
+    #[schemars(with = "String")]
+    pub port_name: CompactString,
     /// IP family of every address in this entry.
     pub family: IpFamily,
     /// Transport protocol.
@@ -245,9 +250,9 @@ pub struct ServicePortPlan {
     #[schemars(range(min = 1, max = 65535))]
     pub port: u16,
     /// The cluster IP of this family.
-    #[schemars(regex(pattern = r"^[0-9a-fA-F:.]+$"))]
+    #[schemars(with = "String", regex(pattern = r"^[0-9a-fA-F:.]+$"))]
     #[serde(rename = "clusterIP")]
-    pub cluster_ip: String,
+    pub cluster_ip: CompactString,
     /// `spec.externalIPs` of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024), inner(regex(pattern = r"^[0-9a-fA-F:.]+$")))]

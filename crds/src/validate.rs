@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::{
-    Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode, NodeProxyPlan,
-    Protocol, SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
+    CompactString, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
+    NodeProxyPlan, Protocol, SERVICE_LABEL, ServicePortPlan, ServiceProxyPlan,
 };
 
 /// Why a plan, or one Service's plan, cannot be used. Names the object and the field.
@@ -111,7 +111,7 @@ pub fn merge(plan: &NodeProxyPlan, services: &[ServiceProxyPlan]) -> Result<Merg
 /// good entries, merged while a newer version of the object is refused.
 #[derive(Debug, Default)]
 pub struct MergeCache {
-    objects: HashMap<String, CachedObject>,
+    objects: HashMap<CompactString, CachedObject>,
     /// Whether objects missing from a merge stay until [`MergeCache::forget`].
     keep_unnamed: bool,
     /// The last merge's overridden entries, so an unchanged override of an unchanged
@@ -125,9 +125,9 @@ pub struct MergeCache {
 #[derive(Debug)]
 struct CachedObject {
     /// `resourceVersion` of the entries held (the last good version).
-    version: String,
+    version: CompactString,
     /// `spec.revision` of that version.
-    revision: String,
+    revision: CompactString,
     /// Its validated entries, zone lists included.
     base: Vec<Arc<ServicePortPlan>>,
     /// The zone `entries` are for.
@@ -171,8 +171,8 @@ struct Combined {
 /// What one object brought to a merge.
 #[derive(Debug)]
 struct MergedObject {
-    /// Version of the entries used (`None`: none were).
-    version: Option<String>,
+    /// Whether it brought entries the cache holds (its removal then finds them there).
+    cached: bool,
     /// Its part of the fingerprint (0 when no entries were used).
     part: u64,
     /// Why its newest version was refused, if it was.
@@ -183,7 +183,7 @@ impl MergedObject {
     fn of(name: &str, taken: &Taken) -> Self {
         let used = taken.entries.is_some();
         Self {
-            version: taken.version.clone().filter(|_| used),
+            cached: used && taken.version.is_some(),
             // By content revision, not resourceVersion: an object written again
             // unchanged (a label edit, a re-apply) changes nothing to program.
             part: if used {
@@ -578,9 +578,9 @@ fn service_of(object: &ServiceProxyPlan) -> &str {
 struct Taken {
     entries: Option<Vec<Arc<ServicePortPlan>>>,
     /// Version of the entries used; `None` when uncached (no `resourceVersion`).
-    version: Option<String>,
+    version: Option<CompactString>,
     /// The object's `spec.revision` (what identifies uncached entries).
-    revision: String,
+    revision: CompactString,
     refused: Option<PlanError>,
 }
 
@@ -591,7 +591,7 @@ fn take_cached<'a>(
     zone: Option<&str>,
     entries_of: impl FnOnce(&'a ServiceProxyPlan) -> ObjectEntries<'a>,
 ) -> Taken {
-    let revision = plan_ref.revision().to_owned();
+    let revision = CompactString::from(plan_ref.revision());
     // Without the object, only a version the cache holds can be taken.
     let object = match plan_ref {
         PlanRef::Object(object) => Some(object),
@@ -655,9 +655,9 @@ fn take_cached<'a>(
         Ok(base) => {
             let entries = in_zone(&base, zone);
             cache.objects.insert(
-                key.to_owned(),
+                key.into(),
                 CachedObject {
-                    version: version.to_owned(),
+                    version: version.into(),
                     revision: revision.clone(),
                     base,
                     zone: zone.map(str::to_owned),
@@ -667,7 +667,7 @@ fn take_cached<'a>(
             );
             Taken {
                 entries: Some(entries),
-                version: Some(version.to_owned()),
+                version: Some(version.into()),
                 revision,
                 refused: None,
             }
@@ -778,7 +778,9 @@ fn merge_with<'a>(
         }
     }
     if !cache.keep_unnamed {
-        cache.objects.retain(|key, _| seen.contains_key(key));
+        cache
+            .objects
+            .retain(|key, _| seen.contains_key(key.as_str()));
     }
     let all_versioned = taken
         .iter()
@@ -846,8 +848,8 @@ pub fn merge_update<'a>(
         // Out with what it brought before.
         if let Some(old) = combined.objects.remove(&name) {
             combined.fingerprint = combined.fingerprint.wrapping_sub(old.part);
-            if old.version.is_some()
-                && let Some(held) = cache.objects.get(key)
+            if old.cached
+                && let Some(held) = cache.objects.get(key.as_str())
             {
                 for entry in &held.entries {
                     remove_located(&mut combined.entries, &entry.key, &name);

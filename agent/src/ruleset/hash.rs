@@ -248,7 +248,13 @@ pub fn hash_entry<H: Hasher>(hasher: &mut H, entry: &ServicePortPlan) {
         local_terminating,
         also_serving,
     } = entry;
-    for text in [key, namespace, name, port_name, cluster_ip] {
+    for text in [
+        key.as_str(),
+        namespace.as_str(),
+        name.as_str(),
+        port_name.as_str(),
+        cluster_ip.as_str(),
+    ] {
         text_into(hasher, text);
     }
     hasher.write_u8(match family {

@@ -115,7 +115,7 @@ impl Stored {
 #[derive(Debug, Default)]
 struct ServiceStore {
     objects: Vec<Stored>,
-    index: HashMap<String, usize>,
+    index: HashMap<CompactString, usize>,
 }
 
 impl ServiceStore {
@@ -124,12 +124,12 @@ impl ServiceStore {
     }
 
     fn upsert(&mut self, key: String, object: Stored) {
-        if let Some(&i) = self.index.get(&key)
+        if let Some(&i) = self.index.get(key.as_str())
             && let Some(slot) = self.objects.get_mut(i)
         {
             *slot = object;
         } else {
-            self.index.insert(key, self.objects.len());
+            self.index.insert(key.into(), self.objects.len());
             self.objects.push(object);
         }
     }
@@ -140,13 +140,13 @@ impl ServiceStore {
         };
         self.objects.swap_remove(i);
         if let Some(moved) = self.objects.get(i) {
-            self.index.insert(moved.key(), i);
+            self.index.insert(moved.key().into(), i);
         }
         true
     }
 
     fn keys(&self) -> Vec<String> {
-        self.index.keys().cloned().collect()
+        self.index.keys().map(CompactString::to_string).collect()
     }
 }
 
@@ -446,7 +446,7 @@ impl PlanCache {
                     }
                 } else {
                     for key in &changed {
-                        if let Some(&i) = self.services.index.get(key)
+                        if let Some(&i) = self.services.index.get(key.as_str())
                             && let Some(stored) = self.services.objects.get_mut(i)
                         {
                             stored.settle(merges);

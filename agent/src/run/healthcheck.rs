@@ -357,13 +357,13 @@ mod tests {
     fn entry(name: &str, port_name: &str, hc: Option<u16>, local: &[&str]) -> ServicePortPlan {
         ServicePortPlan {
             key: format!("default/{name}:{port_name}/TCP/IPv4"),
-            namespace: "default".to_owned(),
-            name: name.to_owned(),
-            port_name: port_name.to_owned(),
+            namespace: "default".into(),
+            name: name.into(),
+            port_name: port_name.into(),
             family: IpFamily::IPv4,
             protocol: Protocol::TCP,
             port: 80,
-            cluster_ip: "10.96.0.10".to_owned(),
+            cluster_ip: "10.96.0.10".into(),
             external_ips: Vec::new(),
             load_balancer_ips: Vec::new(),
             node_port: Some(30080),

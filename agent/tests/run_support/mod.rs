@@ -714,13 +714,13 @@ fn endpoints(list: &[&str]) -> Vec<Endpoint> {
 pub fn mk_entry(name: &str, cluster_ip: &str, cluster_endpoints: &[&str]) -> ServicePortPlan {
     ServicePortPlan {
         key: format!("default/{name}:http/TCP/IPv4"),
-        namespace: "default".to_owned(),
-        name: name.to_owned(),
-        port_name: "http".to_owned(),
+        namespace: "default".into(),
+        name: name.into(),
+        port_name: "http".into(),
         family: IpFamily::IPv4,
         protocol: Protocol::TCP,
         port: 80,
-        cluster_ip: cluster_ip.to_owned(),
+        cluster_ip: cluster_ip.into(),
         external_ips: Vec::new(),
         load_balancer_ips: Vec::new(),
         node_port: None,

@@ -58,7 +58,7 @@ impl Expected {
     #[must_use]
     pub fn of(entry: &ServicePortPlan) -> Self {
         Self {
-            cluster_ip: entry.cluster_ip.clone(),
+            cluster_ip: entry.cluster_ip.to_string(),
             port: entry.port,
             node_port: entry.node_port,
             external_ips: entry.external_ips.clone(),

@@ -177,7 +177,7 @@ pub fn entry_id(entry: &ServicePortPlan) -> String {
     let port = if entry.port_name.is_empty() {
         entry.port.to_string()
     } else {
-        entry.port_name.clone()
+        entry.port_name.to_string()
     };
     out.push('-');
     out.push_str(&format!(

@@ -20,8 +20,10 @@ use crate::kernel::nftables::{Chain, Data, NftKernel, Rule as KernelRule, Table,
 
 /// Bytes after which a transaction is sent at the next boundary: large syncs (a first
 /// sync of 10,000 Services is about 10 MB) go in several transactions, so the agent
-/// never holds them whole.
-pub const TRANSACTION_BYTES: usize = 1 << 20;
+/// never holds them whole. A transaction's buffer and the copy sent of it are the first
+/// sync's largest allocations: at 1 MiB they cost the running agent 2 MiB of memory it
+/// kept afterwards.
+pub const TRANSACTION_BYTES: usize = 256 << 10;
 
 /// Bytes of text a real (not dry-run) sync keeps for its report.
 pub const REPORT_TEXT_LIMIT: usize = 64 << 10;
