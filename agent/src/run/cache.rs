@@ -63,14 +63,17 @@ enum Stored {
 impl Stored {
     /// `object`, as its identity when `merges` holds its entries.
     fn of(object: ServiceProxyPlan, merges: &Merges) -> Self {
-        match object.metadata.resource_version.as_deref() {
-            Some(version) if merges.holds(&object) => Self::Held {
-                key: object_key(&object).into(),
-                version: version.into(),
-                revision: object.spec.revision.as_str().into(),
-            },
-            _ => Self::Object(Box::new(object)),
-        }
+        Self::held(&object, merges).unwrap_or_else(|| Self::Object(Box::new(object)))
+    }
+
+    /// `object`'s identity, if `merges` holds its entries.
+    fn held(object: &ServiceProxyPlan, merges: &Merges) -> Option<Self> {
+        let version = object.metadata.resource_version.as_deref()?;
+        merges.holds(object).then(|| Self::Held {
+            key: object_key(object).into(),
+            version: version.into(),
+            revision: object.spec.revision.as_str().into(),
+        })
     }
 
     fn key(&self) -> String {
@@ -98,14 +101,9 @@ impl Stored {
     /// Becomes its identity once `merges` holds its entries.
     fn settle(&mut self, merges: &Merges) {
         if let Self::Object(object) = self
-            && merges.holds(object)
-            && let Some(version) = object.metadata.resource_version.as_deref()
+            && let Some(held) = Self::held(object, merges)
         {
-            *self = Self::Held {
-                key: object_key(object).into(),
-                version: version.into(),
-                revision: object.spec.revision.as_str().into(),
-            };
+            *self = held;
         }
     }
 }
@@ -300,7 +298,6 @@ impl PlanCache {
                 // Stored and validated into the merge cache as it arrives, so that a
                 // list of thousands of Service plans is never held twice (objects and
                 // entries). Objects deleted while the watch was away leave at InitDone.
-                slim(kube::Resource::meta_mut(&mut object));
                 let zone = self.plan.as_ref().and_then(|p| p.spec.zone.clone());
                 if let Ok(plan) = &mut object.object
                     && self.merges.0.hold(plan, zone.as_deref())
