@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use proxyplan_crds::IpFamily;
+
 /// An IP family's tool: `iptables` or `ip6tables`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {
@@ -12,6 +14,27 @@ pub enum Family {
 }
 
 impl Family {
+    /// Both, IPv4 first.
+    pub const ALL: [Self; 2] = [Self::V4, Self::V6];
+
+    /// Its position in [`Family::ALL`], for per-family arrays.
+    #[must_use]
+    pub fn index(self) -> usize {
+        match self {
+            Self::V4 => 0,
+            Self::V6 => 1,
+        }
+    }
+
+    /// The plan's name for it.
+    #[must_use]
+    pub fn ip_family(self) -> IpFamily {
+        match self {
+            Self::V4 => IpFamily::IPv4,
+            Self::V6 => IpFamily::IPv6,
+        }
+    }
+
     /// The family of `ip`.
     #[must_use]
     pub fn of(ip: IpAddr) -> Self {

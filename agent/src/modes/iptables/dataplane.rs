@@ -19,7 +19,7 @@
 
 use std::io::Write;
 
-use proxyplan_crds::{IpFamily, MergedPlan};
+use proxyplan_crds::MergedPlan;
 
 use super::cache::FamilyCache;
 use super::render::FamilyInputs;
@@ -79,22 +79,6 @@ struct FamilyState {
     cache: FamilyCache,
     /// Whether the family had rules after the last successful sync.
     programmed: bool,
-}
-
-const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
-
-fn index(family: Family) -> usize {
-    match family {
-        Family::V4 => 0,
-        Family::V6 => 1,
-    }
-}
-
-fn ip_family(family: Family) -> IpFamily {
-    match family {
-        Family::V4 => IpFamily::IPv4,
-        Family::V6 => IpFamily::IPv6,
-    }
 }
 
 /// The report's copy of the payload: all of it, or the first `limit` bytes in whole
@@ -318,8 +302,8 @@ impl<R: Runner> IptablesDataplane<R> {
     fn check_kernel(&mut self) -> Result<Option<String>, DataplaneError> {
         let start = self.generation();
         let mut found = None;
-        for family in FAMILIES {
-            let state = &self.families[index(family)];
+        for family in Family::ALL {
+            let state = &self.families[family.index()];
             if !state.programmed {
                 continue;
             }
@@ -328,7 +312,7 @@ impl<R: Runner> IptablesDataplane<R> {
                 backend: self.backend,
             };
             let mut kernel = tables.read_family(family, true)?;
-            let state = &mut self.families[index(family)];
+            let state = &mut self.families[family.index()];
             if let Some(difference) = state.cache.difference(&mut kernel) {
                 state.kernel = Some(kernel);
                 state.in_sync = false;
@@ -359,13 +343,13 @@ impl<R: Runner> IptablesDataplane<R> {
         report: &mut ReportText,
     ) -> Result<FamilySync<'p>, DataplaneError> {
         let wanted = !inputs.entries.is_empty();
-        let ip = ip_family(family);
+        let ip = family.ip_family();
         let runner: &dyn Runner = &self.runner;
         let tables = Tables {
             runner,
             backend: self.backend,
         };
-        let state = &mut self.families[index(family)];
+        let state = &mut self.families[family.index()];
         let (mut kernel, mut in_sync) = match state.kernel.take() {
             Some(kernel) => (kernel, state.in_sync),
             None => (tables.read_family(family, wanted)?, false),
@@ -500,8 +484,8 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             .filter(|g| Some(*g) == self.verified);
         let mut commits = 0u32;
         let result = (|| {
-            for family in FAMILIES {
-                let inputs = FamilyInputs::of(plan, ip_family(family));
+            for family in Family::ALL {
+                let inputs = FamilyInputs::of(plan, family.ip_family());
                 let done = self.sync_family(family, inputs, dry_run, &mut text)?;
                 report.changed += done.changed;
                 report.rules += done.rules;
@@ -556,9 +540,9 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         let mut text = ReportText::new(REPORT_PAYLOAD_LIMIT);
         self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
-        for family in FAMILIES {
+        for family in Family::ALL {
             // Always from a fresh read: leftovers of an earlier run count too.
-            self.families[index(family)].kernel = None;
+            self.families[family.index()].kernel = None;
             let nothing = FamilyInputs {
                 entries: Vec::new(),
                 local: None,
@@ -566,7 +550,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
             };
             let done = self.sync_family(family, nothing, false, &mut text)?;
             report.changed += done.changed;
-            self.families[index(family)].programmed = false;
+            self.families[family.index()].programmed = false;
         }
         self.udp.reset();
         self.verified = None;

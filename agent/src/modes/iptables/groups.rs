@@ -8,7 +8,6 @@ use proxyplan_crds::{IpFamily, ServicePortPlan};
 
 use super::render::{FamilyInputs, render_entries};
 use super::settings::RenderSettings;
-use crate::kernel::family::Family;
 use crate::ruleset::LocalMatch;
 use crate::ruleset::hash::{ContentHasher, RevisionHasher, hash_entry};
 use crate::ruleset::names::{ChainName, HashedName};
@@ -30,13 +29,6 @@ pub(super) fn slot(table: TableName) -> usize {
     match table {
         TableName::Filter => 0,
         TableName::Nat => 1,
-    }
-}
-
-pub(super) fn ip_family(family: Family) -> IpFamily {
-    match family {
-        Family::V4 => IpFamily::IPv4,
-        Family::V6 => IpFamily::IPv6,
     }
 }
 

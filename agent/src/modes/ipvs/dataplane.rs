@@ -81,15 +81,6 @@ pub struct IpvsDataplane<K, R> {
     sysctls: Vec<SysctlCheck>,
 }
 
-const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
-
-fn index(family: Family) -> usize {
-    match family {
-        Family::V4 => 0,
-        Family::V6 => 1,
-    }
-}
-
 impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     /// A dataplane over `kernel` and `runner`, with `choice`'s iptables back end.
     #[must_use]
@@ -254,17 +245,8 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             });
             updated.chain(removed).collect()
         });
-        let start = Instant::now();
-        let payload = &mut report.payload;
-        let run = self.udp.clear(
-            &self.runner,
-            plan,
-            changed.as_deref(),
-            dry_run,
-            &mut |line| payload.push_str(line),
-        )?;
-        report.phases.push(("conntrack", start.elapsed()));
-        report.conntrack_step(run, dry_run);
+        self.udp
+            .clear_step(&self.runner, plan, changed.as_deref(), dry_run, &mut report)?;
         Ok(report)
     }
 
@@ -476,7 +458,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         }
         work?;
         // 4. The fixed iptables rules.
-        for family in FAMILIES {
+        for family in Family::ALL {
             let rules = match family {
                 Family::V4 => &rules.v4,
                 Family::V6 => &rules.v6,
@@ -491,7 +473,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             }
             report.changed += changed;
             if !dry_run {
-                self.programmed[index(family)] = rules.rule_count() > 0;
+                self.programmed[family.index()] = rules.rule_count() > 0;
             }
         }
         lap(report, "iptables");
@@ -597,7 +579,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
         desired: &FamilyRules,
         dry_run: bool,
     ) -> Result<(String, usize), DataplaneError> {
-        let i = index(family);
+        let i = family.index();
         let wanted = desired.rule_count() > 0;
         let mut kernel = match self.frame[i].take() {
             Some(kernel) => kernel,
@@ -669,7 +651,7 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
     /// Whether `family`'s tables still hold the agent's chains and jumps as last written;
     /// when not, what was read is kept for the next sync to compare with.
     fn tables_intact(&mut self, family: Family) -> Result<bool, DataplaneError> {
-        let i = index(family);
+        let i = family.index();
         let fresh = self.tables().read_family(family, true)?;
         let intact = self.frame[i]
             .as_ref()
@@ -724,8 +706,8 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
     /// differs is what the next sync compares the plan with, so one sync restores it.
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
         let mut intact = true;
-        for family in FAMILIES {
-            if self.programmed[index(family)] {
+        for family in Family::ALL {
+            if self.programmed[family.index()] {
                 intact &= self.tables_intact(family)?;
             }
         }
@@ -760,12 +742,12 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
             });
         }
         let nothing = FamilyRules::default();
-        for family in FAMILIES {
-            self.frame[index(family)] = None;
+        for family in Family::ALL {
+            self.frame[family.index()] = None;
             let (payload, changed) = self.sync_frame(family, &nothing, false)?;
             report.payload.push_str(&payload);
             report.changed += changed;
-            self.programmed[index(family)] = false;
+            self.programmed[family.index()] = false;
         }
         if let Some(link) = model.link {
             self.kernel.delete_link(link)?;

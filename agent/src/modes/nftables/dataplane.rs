@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
+use proxyplan_crds::{MergedPlan, ServicePortPlan};
 
 use super::desired::{FamilyState, key_hash};
 use super::diff::{self, Change, Stale};
@@ -28,22 +28,6 @@ use crate::kernel::Family;
 use crate::kernel::command::Runner;
 use crate::kernel::nftables::{ElementData, NftKernel};
 use crate::ruleset::local::LocalMatch;
-
-const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
-
-fn index(family: Family) -> usize {
-    match family {
-        Family::V4 => 0,
-        Family::V6 => 1,
-    }
-}
-
-fn ip_family(family: Family) -> IpFamily {
-    match family {
-        Family::V4 => IpFamily::IPv4,
-        Family::V6 => IpFamily::IPv6,
-    }
-}
 
 /// nftables mode's [`Dataplane`] over an [`NftKernel`] (nf_tables) and a [`Runner`]
 /// (conntrack).
@@ -79,7 +63,7 @@ pub fn family_context(
     FamilyContext {
         family,
         mark: settings.mark(),
-        local: LocalMatch::of(&plan.local_traffic, ip_family(family)).and_then(|m| match m {
+        local: LocalMatch::of(&plan.local_traffic, family.ip_family()).and_then(|m| match m {
             LocalMatch::Source(cidr) => Net::parse(&cidr).map(LocalTraffic::Prefix),
             LocalMatch::Interface(name) => Some(match name.strip_suffix('+') {
                 Some(prefix) => LocalTraffic::Interface {
@@ -124,7 +108,7 @@ pub fn family_context(
 
 /// The entries of `plan` of `family`, in plan order.
 fn entries_of(plan: &MergedPlan, family: Family) -> Vec<&ServicePortPlan> {
-    let want = ip_family(family);
+    let want = family.ip_family();
     plan.service_ports
         .iter()
         .filter(|e| e.family == want)
@@ -244,7 +228,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         dry_run: bool,
         report: &mut SyncReport,
     ) -> Result<(), SinkError> {
-        let i = index(family);
+        let i = family.index();
         let ctx = family_context(plan, &self.settings, family);
         let entries = entries_of(plan, family);
         let kernel: Option<&mut dyn NftKernel> = if dry_run {
@@ -271,7 +255,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
                 .filter(|c| {
                     c.old
                         .or(c.new)
-                        .is_some_and(|e| e.family == ip_family(family))
+                        .is_some_and(|e| e.family == family.ip_family())
                 })
                 .collect();
             if changes.is_empty() && stale.is_empty() {
@@ -348,7 +332,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         affinity: &[(String, Vec<Vec<u8>>)],
         report: &mut SyncReport,
     ) -> Result<(), SinkError> {
-        let i = index(family);
+        let i = family.index();
         self.sent.0 += done.messages;
         self.sent.1 += done.transactions;
         if done.dry {
@@ -417,7 +401,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         self.sent = (0, 0);
         let previous = self.plan.clone();
         let start = std::time::Instant::now();
-        for family in FAMILIES {
+        for family in Family::ALL {
             if let Err(e) = self.sync_family(plan, family, dry_run, &mut report) {
                 return Err(match e {
                     SinkError::Kernel(e) => e,
@@ -435,7 +419,6 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             .flatten()
             .map(FamilyState::objects)
             .sum();
-        let start = std::time::Instant::now();
         let changed: Option<Vec<EntryChange<'_>>> = match (&previous, sorted(plan)) {
             (Some(old), true) => Some(
                 changes(old, plan)
@@ -451,16 +434,8 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             ),
             _ => None,
         };
-        let payload = &mut report.payload;
-        let run = self.udp.clear(
-            &self.runner,
-            plan,
-            changed.as_deref(),
-            dry_run,
-            &mut |line| payload.push_str(line),
-        )?;
-        report.phases.push(("conntrack", start.elapsed()));
-        report.conntrack_step(run, dry_run);
+        self.udp
+            .clear_step(&self.runner, plan, changed.as_deref(), dry_run, &mut report)?;
         if !dry_run {
             self.plan = sorted(plan).then(|| Arc::clone(plan));
         }
@@ -469,7 +444,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
 
     /// Whether one family's table is as the last sync left it.
     fn family_intact(&mut self, family: Family) -> Result<bool, DataplaneError> {
-        let i = index(family);
+        let i = family.index();
         let Some(plan) = self.plan.clone() else {
             return Ok(true);
         };
@@ -590,9 +565,9 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
         if self.kernel.generation()? == known {
             return Ok(true);
         }
-        for family in FAMILIES {
+        for family in Family::ALL {
             if !self.family_intact(family)? {
-                self.families[index(family)] = None;
+                self.families[family.index()] = None;
                 return Ok(false);
             }
         }
@@ -604,7 +579,7 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         let mut report = SyncReport::default();
         self.sent = (0, 0);
-        for family in FAMILIES {
+        for family in Family::ALL {
             if !self.kernel.table_exists(nfproto(family), names::TABLE)? {
                 continue;
             }
