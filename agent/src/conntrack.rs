@@ -345,28 +345,6 @@ impl UdpTracker {
         }
         Ok(run)
     }
-
-    /// [`UdpTracker::clear`] as a mode's sync step: the commands go to `report`'s payload,
-    /// and the step's time and counts to `report`.
-    ///
-    /// # Errors
-    /// As [`UdpTracker::clear`].
-    pub fn clear_step(
-        &mut self,
-        runner: &dyn Runner,
-        plan: &MergedPlan,
-        changes: Option<&[EntryChange<'_>]>,
-        dry_run: bool,
-        report: &mut crate::dataplane::SyncReport,
-    ) -> Result<(), DataplaneError> {
-        let payload = &mut report.payload;
-        let run = self.clear(runner, plan, changes, dry_run, &mut |line| {
-            payload.push_str(line);
-        })?;
-        report.phases.push(("conntrack", run.elapsed));
-        report.conntrack_step(run, dry_run);
-        Ok(())
-    }
 }
 
 /// The listed entries that contradict `paths`: addressed to a served destination (a node

@@ -245,8 +245,17 @@ impl<K: IpvsKernel, R: Runner> IpvsDataplane<K, R> {
             });
             updated.chain(removed).collect()
         });
-        self.udp
-            .clear_step(&self.runner, plan, changed.as_deref(), dry_run, &mut report)?;
+        let start = Instant::now();
+        let payload = &mut report.payload;
+        let run = self.udp.clear(
+            &self.runner,
+            plan,
+            changed.as_deref(),
+            dry_run,
+            &mut |line| payload.push_str(line),
+        )?;
+        report.phases.push(("conntrack", start.elapsed()));
+        report.conntrack_step(run, dry_run);
         Ok(report)
     }
 

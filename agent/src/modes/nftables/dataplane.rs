@@ -419,6 +419,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             .flatten()
             .map(FamilyState::objects)
             .sum();
+        let start = std::time::Instant::now();
         let changed: Option<Vec<EntryChange<'_>>> = match (&previous, sorted(plan)) {
             (Some(old), true) => Some(
                 changes(old, plan)
@@ -434,8 +435,16 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             ),
             _ => None,
         };
-        self.udp
-            .clear_step(&self.runner, plan, changed.as_deref(), dry_run, &mut report)?;
+        let payload = &mut report.payload;
+        let run = self.udp.clear(
+            &self.runner,
+            plan,
+            changed.as_deref(),
+            dry_run,
+            &mut |line| payload.push_str(line),
+        )?;
+        report.phases.push(("conntrack", start.elapsed()));
+        report.conntrack_step(run, dry_run);
         if !dry_run {
             self.plan = sorted(plan).then(|| Arc::clone(plan));
         }
