@@ -2,8 +2,6 @@
 
 use std::net::IpAddr;
 
-use proxyplan_crds::IpFamily;
-
 /// An IP family's tool: `iptables` or `ip6tables`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {
@@ -23,15 +21,6 @@ impl Family {
         match self {
             Self::V4 => 0,
             Self::V6 => 1,
-        }
-    }
-
-    /// The plan's name for it.
-    #[must_use]
-    pub fn ip_family(self) -> IpFamily {
-        match self {
-            Self::V4 => IpFamily::IPv4,
-            Self::V6 => IpFamily::IPv6,
         }
     }
 

@@ -28,7 +28,7 @@ use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 use super::delta::Delta;
 use super::groups::{
     Changed, Context, FixedChain, GroupState, TABLES, TailRule, content_of, fixed_chains,
-    kernel_has, slot, summarize,
+    ip_family, kernel_has, slot, summarize,
 };
 use super::render::{FamilyInputs, base_rules, render_entries, tail_rules};
 use super::settings::RenderSettings;
@@ -527,7 +527,7 @@ impl RenderCache {
     pub fn update(&mut self, plan: &MergedPlan, settings: &RenderSettings) -> [usize; 2] {
         let mut changed = [0; 2];
         for (i, family) in [Family::V4, Family::V6].into_iter().enumerate() {
-            let ip = family.ip_family();
+            let ip = ip_family(family);
             let cache = &mut self.families[i];
             let mut kernel = KernelFamily::default();
             let delta = cache.diff(FamilyInputs::of(plan, ip), settings, ip, &mut kernel, true);

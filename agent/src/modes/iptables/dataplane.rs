@@ -22,6 +22,7 @@ use std::io::Write;
 use proxyplan_crds::MergedPlan;
 
 use super::cache::FamilyCache;
+use super::groups::ip_family;
 use super::render::FamilyInputs;
 use super::settings::RenderSettings;
 use crate::conntrack::{EntryChange, UdpTracker};
@@ -343,7 +344,7 @@ impl<R: Runner> IptablesDataplane<R> {
         report: &mut ReportText,
     ) -> Result<FamilySync<'p>, DataplaneError> {
         let wanted = !inputs.entries.is_empty();
-        let ip = family.ip_family();
+        let ip = ip_family(family);
         let runner: &dyn Runner = &self.runner;
         let tables = Tables {
             runner,
@@ -485,7 +486,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         let mut commits = 0u32;
         let result = (|| {
             for family in Family::ALL {
-                let inputs = FamilyInputs::of(plan, family.ip_family());
+                let inputs = FamilyInputs::of(plan, ip_family(family));
                 let done = self.sync_family(family, inputs, dry_run, &mut text)?;
                 report.changed += done.changed;
                 report.rules += done.rules;

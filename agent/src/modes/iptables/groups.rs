@@ -6,6 +6,8 @@ use std::net::IpAddr;
 
 use proxyplan_crds::{IpFamily, ServicePortPlan};
 
+use crate::kernel::family::Family;
+
 use super::render::{FamilyInputs, render_entries};
 use super::settings::RenderSettings;
 use crate::ruleset::LocalMatch;
@@ -293,6 +295,14 @@ pub(super) struct Changed {
     /// Whether the entries differ from the cached ones (not only the kernel).
     pub(super) content_changed: bool,
     pub(super) state: GroupState,
+}
+
+/// The plan's name for `family`.
+pub(super) fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use proxyplan_crds::{MergedPlan, ServicePortPlan};
+use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
 use super::desired::{FamilyState, key_hash};
 use super::diff::{self, Change, Stale};
@@ -63,7 +63,7 @@ pub fn family_context(
     FamilyContext {
         family,
         mark: settings.mark(),
-        local: LocalMatch::of(&plan.local_traffic, family.ip_family()).and_then(|m| match m {
+        local: LocalMatch::of(&plan.local_traffic, ip_family(family)).and_then(|m| match m {
             LocalMatch::Source(cidr) => Net::parse(&cidr).map(LocalTraffic::Prefix),
             LocalMatch::Interface(name) => Some(match name.strip_suffix('+') {
                 Some(prefix) => LocalTraffic::Interface {
@@ -108,7 +108,7 @@ pub fn family_context(
 
 /// The entries of `plan` of `family`, in plan order.
 fn entries_of(plan: &MergedPlan, family: Family) -> Vec<&ServicePortPlan> {
-    let want = family.ip_family();
+    let want = ip_family(family);
     plan.service_ports
         .iter()
         .filter(|e| e.family == want)
@@ -255,7 +255,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
                 .filter(|c| {
                     c.old
                         .or(c.new)
-                        .is_some_and(|e| e.family == family.ip_family())
+                        .is_some_and(|e| e.family == ip_family(family))
                 })
                 .collect();
             if changes.is_empty() && stale.is_empty() {
@@ -604,5 +604,13 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
         self.stale = [Stale::default(), Stale::default()];
         self.udp.reset();
         Ok(report)
+    }
+}
+
+/// The plan's name for `family`.
+fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::IPv4,
+        Family::V6 => IpFamily::IPv6,
     }
 }
