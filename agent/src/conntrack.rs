@@ -276,6 +276,13 @@ impl UdpTracker {
         self.paths = None;
     }
 
+    /// Whether [`UdpTracker::clear`] looks at the changed entries it is given: not before
+    /// the first sync (it lists the table then), so a mode need not collect them.
+    #[must_use]
+    pub fn follows_changes(&self) -> bool {
+        self.paths.is_some()
+    }
+
     /// Deletes the UDP conntrack entries made stale by the move to `plan`, writing each
     /// `conntrack` command to `payload`; returns how many were deleted, by family, and how
     /// long it took (nothing is deleted in a dry run). `changes` are the

@@ -7,6 +7,11 @@ use proxyplan_crds::MergedPlan;
 
 pub use crate::kernel::error::DataplaneError;
 
+/// Bytes of [`SyncReport::payload`] a real (not dry-run) sync keeps: the beginning, and a
+/// last line saying what was left out. The run loop never reads it; a first sync of
+/// 10,000 Services sends about 10 MB, which is never held (a dry run keeps all of it).
+pub const REPORT_TEXT_LIMIT: usize = 64 << 10;
+
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -17,7 +22,7 @@ pub struct SyncReport {
     /// Stale UDP conntrack entries deleted.
     pub conntrack_deleted: usize,
     /// The exact text sent to the kernel tools (empty when nothing changed), for
-    /// `--dry-run` and debugging.
+    /// `--dry-run` and debugging; a real sync keeps its first [`REPORT_TEXT_LIMIT`] bytes.
     pub payload: String,
     /// How long each step of the sync took (ipvs mode: `sets`, `vips`, `ipvs`, ...), for
     /// logs and benchmarks.

@@ -215,6 +215,29 @@ fn first_sync_then_nothing(backend: Backend) {
     let dumps = ran.iter().filter(|p| *p == NFT_DUMP).count();
     assert_eq!(dumps > 0, backend == Backend::Nft, "{ran:?}");
     println!("{backend:?} restarted agent: read with {ran:?}, nothing sent, {took:?}");
+
+    // Its periodic check of the untouched kernel reads each table of the family with
+    // rules (IPv4: filter, nat) once, as a digest of the owned chains that matches: no
+    // second, full read.
+    let table_reads = |ran: &[String]| {
+        ran.iter()
+            .filter(|p| *p == NFT_DUMP || p.ends_with("-save"))
+            .count()
+    };
+    assert!(restarted.rules_intact().unwrap());
+    let checked = restarted.runner().take();
+    assert_eq!(table_reads(&checked), 2, "{checked:?}");
+    // A rule added to one owned chain: the digest differs, and a full read follows to
+    // find the chain.
+    iptables(
+        &ns,
+        backend,
+        Family::V4,
+        &format!("-t nat -A {} -j RETURN", names::SERVICES),
+    );
+    assert!(!restarted.rules_intact().unwrap());
+    let checked = restarted.runner().take();
+    assert_eq!(table_reads(&checked), 4, "{checked:?}");
 }
 
 /// An endpoint change rewrites exactly the service chain and the endpoint chains that

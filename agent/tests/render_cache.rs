@@ -181,6 +181,26 @@ fn cached_rendering_equals_render_through_changes() {
     check(&mut cache, &mut node, &first_only, &settings);
     check(&mut cache, &mut node, &full, &settings);
 
+    // Entries come, go and change in the same sync, interleaved in key order.
+    let every = |plan: &MergedPlan, skip: usize| {
+        let mut kept = plan.clone();
+        kept.service_ports = plan
+            .service_ports
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != skip)
+            .map(|(_, e)| e.clone())
+            .collect();
+        kept
+    };
+    check(&mut cache, &mut node, &every(&full, 0), &settings);
+    let mut shuffled = every(&full, 1);
+    for entry in shuffled.service_ports.iter_mut().step_by(4) {
+        Arc::make_mut(entry).cluster_endpoints.truncate(1);
+    }
+    check(&mut cache, &mut node, &shuffled, &settings);
+    check(&mut cache, &mut node, &full, &settings);
+
     // Node-local inputs change.
     let other = RenderSettings {
         masquerade_bit: 14,

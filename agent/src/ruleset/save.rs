@@ -7,6 +7,7 @@
 //! syntax (which the nft and legacy back ends print differently).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::hash::parse_revision;
 use super::names;
@@ -50,6 +51,76 @@ impl HashedEntry {
         self.revision = chain.revision.unwrap_or(0);
         self.has_revision = chain.revision.is_some();
         self.rules = u32::try_from(chain.rules).unwrap_or(u32::MAX);
+    }
+}
+
+/// An order-free digest of a set of owned chains (name, revision, rule count): what a
+/// periodic check compares instead of holding every chain the kernel has (150,000 at
+/// 10,000 Services). Equal digests of equal counts mean equal sets, but for a 64-bit
+/// hash collision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChainsDigest {
+    chains: usize,
+    sum: u64,
+}
+
+impl ChainsDigest {
+    /// Adds a chain.
+    pub fn add(&mut self, name: &ChainName, revision: Option<u64>, rules: usize) {
+        let mut hasher = DefaultHasher::new();
+        (name, revision, rules).hash(&mut hasher);
+        self.chains += 1;
+        self.sum = self.sum.wrapping_add(hasher.finish());
+    }
+
+    /// Chains added.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.chains
+    }
+
+    /// Whether no chain was added.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.chains == 0
+    }
+}
+
+/// A table's owned chains as a summary read keeps them: their digest only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChainsSummary {
+    /// The chains with their revisions and rule counts.
+    pub digest: ChainsDigest,
+    /// Whether every owned chain declared has rules (and every chain with rules was
+    /// declared). An empty owned chain (flushed, perhaps parked behind someone else's
+    /// reference) is only judged by a full read.
+    pub complete: bool,
+}
+
+/// A summary read in progress: the declared names, the chains closed so far and the
+/// one whose rules are being counted (rules come grouped by chain).
+#[derive(Debug, Default)]
+struct Summarizing {
+    declared: ChainsDigest,
+    ruled: ChainsDigest,
+    chains: ChainsDigest,
+    open: Option<(ChainName, Option<u64>, usize)>,
+}
+
+impl Summarizing {
+    fn close(&mut self) {
+        if let Some((name, revision, rules)) = self.open.take() {
+            self.ruled.add(&name, None, 0);
+            self.chains.add(&name, revision, rules);
+        }
+    }
+
+    fn finish(mut self) -> ChainsSummary {
+        self.close();
+        ChainsSummary {
+            digest: self.chains,
+            complete: self.declared == self.ruled,
+        }
     }
 }
 
@@ -242,6 +313,9 @@ pub struct KernelTable {
     /// rule can be deleted by number. Cleared after each restore: other programs insert
     /// rules into built-in chains at any time.
     pub positions_fresh: bool,
+    /// From a summary read ([`SaveParser::summary`]): the owned chains' digest, and
+    /// `chains` left empty.
+    pub summary: Option<ChainsSummary>,
 }
 
 /// What both tables of one family hold.
@@ -335,6 +409,8 @@ pub struct SaveParser {
     /// The owned chain of the previous rule line and where it is, for the next line
     /// (rules come grouped by chain).
     current: Option<(String, ChainName)>,
+    /// A summary read: owned chains go into digests, not into `out.chains`.
+    summary: Option<Summarizing>,
 }
 
 impl SaveParser {
@@ -352,6 +428,27 @@ impl SaveParser {
             builtin: BTreeSet::new(),
             positions: BTreeMap::new(),
             current: None,
+            summary: None,
+        }
+    }
+
+    /// A parser for the `*table` section that keeps only a digest of the owned chains
+    /// ([`KernelTable::summary`]), with the jumps and foreign references as usual.
+    #[must_use]
+    pub fn summary(table: TableName) -> Self {
+        Self {
+            summary: Some(Summarizing::default()),
+            ..Self::new(table)
+        }
+    }
+
+    /// A new parser of the same table and kind (a dump that starts over).
+    #[must_use]
+    pub fn restarted(&self, table: TableName) -> Self {
+        if self.summary.is_some() {
+            Self::summary(table)
+        } else {
+            Self::new(table)
         }
     }
 
@@ -411,7 +508,12 @@ impl SaveParser {
     /// A chain declared (`:CHAIN POLICY` in a save; listed in a dump): an owned one is
     /// added empty, a built-in one noted.
     fn declare(&mut self, chain: &str, builtin: bool) {
-        if names::is_owned(chain) {
+        if let Some(summary) = &mut self.summary
+            && names::is_owned(chain)
+        {
+            summary.declared.add(&ChainName::new(chain), None, 0);
+            self.current = None;
+        } else if names::is_owned(chain) {
             match ChainName::new(chain) {
                 // Declarations come before rules: sorted once, at the first rule.
                 ChainName::Hashed(h) => {
@@ -477,6 +579,22 @@ impl SaveParser {
     /// Counts a rule of an owned chain (`revision`: of the rule, asked for the chain's
     /// first); false when the chain was not declared.
     fn owned_rule(&mut self, chain: &str, revision: impl FnOnce() -> Option<u64>) -> bool {
+        if let Some(summary) = &mut self.summary {
+            match &mut summary.open {
+                Some((_, _, rules)) if self.current.as_ref().is_some_and(|(t, _)| t == chain) => {
+                    *rules += 1;
+                }
+                _ => {
+                    summary.close();
+                    let name = ChainName::new(chain);
+                    summary.open = Some((name.clone(), revision(), 1));
+                    self.current = Some((chain.to_owned(), name));
+                }
+            }
+            // An undeclared chain shows as a difference between the declared and the
+            // ruled names.
+            return true;
+        }
         let name = match &self.current {
             Some((text, name)) if text == chain => name.clone(),
             _ => {
@@ -518,6 +636,7 @@ impl SaveParser {
     #[must_use]
     pub fn finish(mut self) -> KernelTable {
         self.out.chains.sort();
+        self.out.summary = self.summary.map(Summarizing::finish);
         self.out
     }
 }
@@ -552,6 +671,63 @@ COMMIT
 :PP-NOT-NAT - [0:0]
 COMMIT
 "#;
+
+    /// The digest a full read's chains give.
+    fn digest_of(table: &KernelTable) -> ChainsDigest {
+        let mut digest = ChainsDigest::default();
+        for (name, chain) in table.chains.iter() {
+            digest.add(&name, chain.revision, chain.rules);
+        }
+        digest
+    }
+
+    fn summary_of(text: &str, table: TableName) -> ChainsSummary {
+        let mut parser = SaveParser::summary(table);
+        text.lines().for_each(|l| parser.line(l));
+        let read = parser.finish();
+        assert!(read.chains.is_empty());
+        read.summary.unwrap()
+    }
+
+    #[test]
+    fn a_summary_read_keeps_the_jumps_and_a_digest_of_the_chains() {
+        let without_empty = SAVE.replace(":PROXYPLAN-EMPTY - [0:0]\n", "");
+        let full = KernelTable::from_save(&without_empty, TableName::Nat);
+        let mut parser = SaveParser::summary(TableName::Nat);
+        without_empty.lines().for_each(|l| parser.line(l));
+        let summary = parser.finish();
+        assert_eq!(summary.jumps, full.jumps);
+        assert_eq!(summary.foreign_refs, full.foreign_refs);
+        let digest = summary.summary.unwrap();
+        assert!(digest.complete);
+        assert_eq!(digest.digest, digest_of(&full));
+        assert_eq!(digest.digest.len(), 2);
+
+        // One rule more, a revision changed: another digest.
+        let more = without_empty.replace(
+            "-A PP-SVC-A -j DNAT",
+            "-A PP-SVC-A -j RETURN\n-A PP-SVC-A -j DNAT",
+        );
+        assert_ne!(summary_of(&more, TableName::Nat).digest, digest.digest);
+        let other = without_empty.replace("0123456789abcdef", "0123456789abcdee");
+        assert_ne!(summary_of(&other, TableName::Nat).digest, digest.digest);
+    }
+
+    #[test]
+    fn a_summary_cannot_judge_empty_or_undeclared_chains() {
+        // PROXYPLAN-EMPTY is declared without rules.
+        assert!(!summary_of(SAVE, TableName::Nat).complete);
+        let undeclared = SAVE
+            .replace(":PROXYPLAN-EMPTY - [0:0]\n", "")
+            .replace(":PP-SVC-A - [0:0]\n", "");
+        assert!(!summary_of(&undeclared, TableName::Nat).complete);
+        // A chain's rules in two runs (never printed so) count it twice.
+        let interleaved = SAVE.replace(":PROXYPLAN-EMPTY - [0:0]\n", "").replace(
+            "COMMIT\n# Completed",
+            "-A PP-SVC-A -j RETURN\nCOMMIT\n# Completed",
+        );
+        assert!(!summary_of(&interleaved, TableName::Nat).complete);
+    }
 
     #[test]
     fn save_output_becomes_a_model() {

@@ -39,26 +39,36 @@ impl Tables<'_> {
         family: Family,
         table: TableName,
     ) -> Result<KernelTable, DataplaneError> {
+        self.read_table_as(family, table, SaveParser::new(table))
+    }
+
+    /// Reads one table into `parser` (a full read or a summary).
+    fn read_table_as(
+        &self,
+        family: Family,
+        table: TableName,
+        parser: SaveParser,
+    ) -> Result<KernelTable, DataplaneError> {
         if self.backend == Backend::Nft
-            && let Some(read) = self.read_table_netlink(family, table)?
+            && let Some(read) = self.read_table_netlink(family, table, &parser)?
         {
             return Ok(read);
         }
-        self.read_table_save(family, table)
+        self.read_table_save(family, table, parser)
     }
 
     /// Reads one table with `iptables-save -t TABLE`, line by line.
     ///
     /// # Errors
     /// When `iptables-save` cannot be run or fails.
-    pub fn read_table_save(
+    fn read_table_save(
         &self,
         family: Family,
         table: TableName,
+        mut parser: SaveParser,
     ) -> Result<KernelTable, DataplaneError> {
         let save = self.backend.binary(family, Tool::Save);
         let args = ["-t", table.as_str()];
-        let mut parser = SaveParser::new(table);
         let output = self
             .runner
             .run_lines(&save, &args, &mut |line| parser.line(line))?;
@@ -74,9 +84,10 @@ impl Tables<'_> {
         &self,
         family: Family,
         table: TableName,
+        kind: &SaveParser,
     ) -> Result<Option<KernelTable>, DataplaneError> {
         let started = std::time::Instant::now();
-        let parser = RefCell::new(SaveParser::new(table));
+        let parser = RefCell::new(kind.restarted(table));
         let read = self.runner.nft_table(
             family,
             table.as_str(),
@@ -90,7 +101,10 @@ impl Tables<'_> {
                     .borrow_mut()
                     .dump_rule(rule.chain, revision, rule.target);
             },
-            &mut || *parser.borrow_mut() = SaveParser::new(table),
+            &mut || {
+                let fresh = parser.borrow().restarted(table);
+                *parser.borrow_mut() = fresh;
+            },
         )?;
         let Some(summary) = read else {
             return Ok(None);
@@ -99,7 +113,9 @@ impl Tables<'_> {
         tracing::debug!(
             ?family,
             table = table.as_str(),
-            owned_chains = kernel.chains.len(),
+            owned_chains = kernel
+                .summary
+                .map_or(kernel.chains.len(), |s| s.digest.len()),
             bytes = summary.bytes,
             consistent = summary.consistent,
             elapsed_ms = started.elapsed().as_millis(),
@@ -172,6 +188,22 @@ impl Tables<'_> {
             Err(_) if family == Family::V6 && !wanted => Ok(KernelFamily::default()),
             other => other,
         }
+    }
+
+    /// Reads what `family` holds as [`SaveParser::summary`] does: the jumps and foreign
+    /// references, and of the owned chains only a digest (what a periodic check needs).
+    ///
+    /// # Errors
+    /// As [`Tables::read_table`].
+    pub fn read_family_summary(&self, family: Family) -> Result<KernelFamily, DataplaneError> {
+        Ok(KernelFamily {
+            filter: self.read_table_as(
+                family,
+                TableName::Filter,
+                SaveParser::summary(TableName::Filter),
+            )?,
+            nat: self.read_table_as(family, TableName::Nat, SaveParser::summary(TableName::Nat))?,
+        })
     }
 
     /// Whether the canary chain of `table` still holds its rule: when someone flushed

@@ -22,6 +22,7 @@
 //! `delta.rs`.
 
 use std::borrow::Cow;
+use std::iter::Peekable;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
 
@@ -38,7 +39,7 @@ use crate::ruleset::diff::{apply_jumps, jump_changes};
 use crate::ruleset::hash::{ContentHasher, revision_text};
 use crate::ruleset::names::ChainName;
 use crate::ruleset::rules::{BaseJump, FamilyRules, TableName};
-use crate::ruleset::save::{KernelChains, KernelFamily};
+use crate::ruleset::save::{ChainsDigest, KernelChains, KernelFamily};
 
 /// One family's cache: what the last successful sync left in the kernel.
 #[derive(Debug, Default)]
@@ -103,6 +104,12 @@ impl FamilyCache {
                 start = i;
             }
         }
+        // A first sync changes every group: sized once, not grown by doubling.
+        let changed = if self.groups.is_empty() {
+            Vec::with_capacity(groups.len())
+        } else {
+            Vec::new()
+        };
         let mut delta = Delta {
             inputs,
             family,
@@ -111,7 +118,7 @@ impl FamilyCache {
             tail,
             order,
             groups,
-            changed: Vec::new(),
+            changed,
             gone: Vec::new(),
             fixed: Vec::new(),
             remove: [Vec::new(), Vec::new()],
@@ -279,6 +286,40 @@ impl FamilyCache {
         delta
     }
 
+    /// Whether `kernel`, read as a summary ([`crate::ruleset::tables::Tables::read_family_summary`]),
+    /// holds exactly what the last successful sync left: the same owned chains (by
+    /// digest) and the same jumps from built-in chains. False also when the summary
+    /// cannot tell (an empty owned chain): a full read and [`FamilyCache::difference`]
+    /// then say what differs.
+    pub(crate) fn matches_summary(&self, kernel: &KernelFamily) -> bool {
+        if self.context.is_none() {
+            return true;
+        }
+        let mut expected = [ChainsDigest::default(); 2];
+        for (_, group) in &self.groups {
+            for c in group.chains.iter() {
+                let name = ChainName::Hashed(c.name());
+                expected[slot(c.table)].add(&name, Some(c.revision), c.rules as usize);
+            }
+            for c in group.others.iter() {
+                let name = ChainName::new(&c.name);
+                expected[slot(c.table)].add(&name, Some(c.revision), c.rules as usize);
+            }
+        }
+        for f in &self.fixed {
+            let name = ChainName::new(&f.name);
+            expected[slot(f.table)].add(&name, Some(f.revision), f.rules as usize);
+        }
+        TABLES.iter().all(|&table| {
+            let held = kernel.table(table);
+            let (deletes, inserts) = jump_changes(&self.base.table(table).base_jumps, &held.jumps);
+            held.summary
+                .is_some_and(|s| s.complete && s.digest == expected[slot(table)])
+                && deletes.is_empty()
+                && inserts.is_empty()
+        })
+    }
+
     /// The first way `kernel` (just read) differs from what the last successful sync
     /// left, as this cache describes it; `None` when it holds exactly that. What it
     /// notices: an owned chain missing, flushed, with a rule added or removed, or
@@ -400,41 +441,32 @@ impl FamilyCache {
                 }
             }
         } else {
-            // Entries came or went: merge the kept and the new groups, both in key order.
-            let mut replaced: Vec<Option<GroupState>> = vec![None; self.groups.len()];
-            let mut added: Vec<(Box<str>, GroupState)> = Vec::new();
+            // Entries came or went: merge the kept and the changed groups, both in key
+            // order, in one pass and without a list of the new ones beside them.
+            let inserted = delta.changed.iter().filter(|c| c.cached.is_none()).count();
+            let old = std::mem::take(&mut self.groups);
+            let mut merged = Vec::with_capacity(old.len() - delta.gone.len() + inserted);
+            let mut old = old.into_iter().enumerate().peekable();
+            let mut gone = delta.gone.iter().copied().peekable();
             for mut changed in delta.changed {
                 changed.state.clear_writes();
+                let (a, _) = delta.groups[changed.group];
+                let key = delta.order[a].key.as_str();
                 match changed.cached {
-                    Some(i) => replaced[i] = Some(changed.state),
+                    Some(at) => {
+                        keep_until(&mut old, &mut gone, &mut merged, |i, _| i >= at);
+                        // The cached group itself, replaced.
+                        if let Some((_, (key, _))) = old.next() {
+                            merged.push((key, changed.state));
+                        }
+                    }
                     None => {
-                        let (a, _) = delta.groups[changed.group];
-                        added.push((delta.order[a].key.as_str().into(), changed.state));
+                        keep_until(&mut old, &mut gone, &mut merged, |_, k| k >= key);
+                        merged.push((key.into(), changed.state));
                     }
                 }
             }
-            let mut gone = delta.gone.iter().peekable();
-            let kept = std::mem::take(&mut self.groups)
-                .into_iter()
-                .zip(replaced)
-                .enumerate()
-                .filter(|(i, _)| {
-                    let leaving = gone.peek() == Some(&i);
-                    if leaving {
-                        gone.next();
-                    }
-                    !leaving
-                })
-                .map(|(_, ((key, state), new))| (key, new.unwrap_or(state)));
-            let mut merged = Vec::with_capacity(kept.size_hint().0 + added.len());
-            let mut added = added.into_iter().peekable();
-            for group in kept {
-                while added.peek().is_some_and(|(k, _)| *k < group.0) {
-                    merged.extend(added.next());
-                }
-                merged.push(group);
-            }
-            merged.extend(added);
+            keep_until(&mut old, &mut gone, &mut merged, |_, _| false);
             self.groups = merged;
         }
         self.fixed = delta.fixed;
@@ -496,6 +528,21 @@ impl FamilyCache {
             })
         }));
         out
+    }
+}
+
+/// Moves the cached groups (with their indices) before the first one `stop` picks to
+/// `merged`, leaving out those `gone` lists (ascending).
+fn keep_until(
+    old: &mut Peekable<impl Iterator<Item = (usize, (Box<str>, GroupState))>>,
+    gone: &mut Peekable<impl Iterator<Item = usize>>,
+    merged: &mut Vec<(Box<str>, GroupState)>,
+    stop: impl Fn(usize, &str) -> bool,
+) {
+    while let Some((i, group)) = old.next_if(|(i, (key, _))| !stop(*i, key)) {
+        if gone.next_if_eq(&i).is_none() {
+            merged.push(group);
+        }
     }
 }
 

@@ -12,7 +12,9 @@
 //!
 //! The periodic check ([`Dataplane::rules_intact`]) reads the kernel and compares it with
 //! that cache: a chain missing, flushed or with a rule added, a stray owned chain, a
-//! jump from a built-in chain missing or altered. On the nft back end it first asks for
+//! jump from a built-in chain missing or altered. It reads a digest of the owned chains
+//! first ([`Tables::read_family_summary`]), not the chains themselves, and reads them
+//! whole only when the digest differs, to say how and to repair from there. On the nft back end it first asks for
 //! the nf_tables generation, which every commit by anyone changes: when only the
 //! agent's own restores committed since the kernel last matched the cache, nothing was
 //! touched and nothing is read.
@@ -26,18 +28,12 @@ use super::groups::ip_family;
 use super::render::FamilyInputs;
 use super::settings::RenderSettings;
 use crate::conntrack::{EntryChange, UdpTracker};
-use crate::dataplane::{Dataplane, DataplaneError, SyncReport};
+use crate::dataplane::{Dataplane, DataplaneError, REPORT_TEXT_LIMIT, SyncReport};
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
 use crate::ruleset::save::{KernelChains, KernelFamily};
 use crate::ruleset::tables::Tables;
-
-/// Bytes of the payload a real (not dry-run) sync keeps in its [`SyncReport`]: a first
-/// sync of a large node sends hundreds of megabytes, which are streamed to
-/// `iptables-restore` and not held. What is left out is summed up in a last comment
-/// line; [`IptablesDataplane::payload_sent`] has the full size.
-pub const REPORT_PAYLOAD_LIMIT: usize = 1 << 20;
 
 /// Size of what a sync sent (or, dry, would send) to `iptables-restore`, both families.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -312,6 +308,16 @@ impl<R: Runner> IptablesDataplane<R> {
                 runner: &self.runner,
                 backend: self.backend,
             };
+            // A digest of the owned chains first, not all of them (at 10,000 Services a
+            // legacy check held 4 MiB of chains for a moment, and kept some of it); the
+            // full read only when that differs, to say how and to repair from.
+            let summary = tables.read_family_summary(family)?;
+            if state.cache.matches_summary(&summary) {
+                let state = &mut self.families[family.index()];
+                state.kernel = Some(summary);
+                state.in_sync = true;
+                continue;
+            }
             let mut kernel = tables.read_family(family, true)?;
             let state = &mut self.families[family.index()];
             if let Some(difference) = state.cache.difference(&mut kernel) {
@@ -341,6 +347,7 @@ impl<R: Runner> IptablesDataplane<R> {
         family: Family,
         inputs: FamilyInputs<'p>,
         dry_run: bool,
+        follow_changes: bool,
         report: &mut ReportText,
     ) -> Result<FamilySync<'p>, DataplaneError> {
         let wanted = !inputs.entries.is_empty();
@@ -368,7 +375,13 @@ impl<R: Runner> IptablesDataplane<R> {
         }
         let changed = delta.changes();
         let rules = delta.rule_count();
-        let entries = state.cache.entry_changes(&delta);
+        // Before the first sync's conntrack step nothing follows the changes (at 10,000
+        // Services that is a list of every entry, for nothing).
+        let entries = if follow_changes {
+            state.cache.entry_changes(&delta)
+        } else {
+            Vec::new()
+        };
         let commits = if changed > 0 && !dry_run {
             delta.tables_written()
         } else {
@@ -473,7 +486,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         let mut text = ReportText::new(if dry_run {
             usize::MAX
         } else {
-            REPORT_PAYLOAD_LIMIT
+            REPORT_TEXT_LIMIT
         });
         self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
@@ -487,7 +500,8 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         let result = (|| {
             for family in Family::ALL {
                 let inputs = FamilyInputs::of(plan, ip_family(family));
-                let done = self.sync_family(family, inputs, dry_run, &mut text)?;
+                let follow = self.udp.follows_changes();
+                let done = self.sync_family(family, inputs, dry_run, follow, &mut text)?;
                 report.changed += done.changed;
                 report.rules += done.rules;
                 commits += done.commits;
@@ -538,7 +552,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
-        let mut text = ReportText::new(REPORT_PAYLOAD_LIMIT);
+        let mut text = ReportText::new(REPORT_TEXT_LIMIT);
         self.sent = PayloadSize::default();
         let mut report = SyncReport::default();
         for family in Family::ALL {
@@ -549,7 +563,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 local: None,
                 node_addresses: Vec::new(),
             };
-            let done = self.sync_family(family, nothing, false, &mut text)?;
+            let done = self.sync_family(family, nothing, false, false, &mut text)?;
             report.changed += done.changed;
             self.families[family.index()].programmed = false;
         }

@@ -25,9 +25,6 @@ use crate::kernel::nftables::{Chain, Data, NftKernel, Rule as KernelRule, Table,
 /// kept afterwards.
 pub const TRANSACTION_BYTES: usize = 256 << 10;
 
-/// Bytes of text a real (not dry-run) sync keeps for its report.
-pub const REPORT_TEXT_LIMIT: usize = 64 << 10;
-
 /// How many times a transaction refused with `ERESTART` (someone else committed between
 /// reading the generation and sending) is sent again.
 const RESTARTS: usize = 5;
