@@ -214,11 +214,17 @@ impl Faults {
         }
         let started = Instant::now();
         self.start_agent().await?;
+        // The killed agent refused the edit too, before it went: only the restarted one,
+        // which applied nothing yet, says the kernel keeps what it held at its start.
         let refused = wait_for(
             "the restarted agent to refuse its plan",
             WAIT,
             async || match self.node_ready().await? {
-                Some((_, reason, message)) if reason == "InvalidPlan" => Ok(message),
+                Some((_, reason, message))
+                    if reason == "InvalidPlan" && message.contains("when this agent started") =>
+                {
+                    Ok(message)
+                }
                 other => Err(format!("Ready {other:?}")),
             },
         )
