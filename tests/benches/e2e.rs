@@ -555,6 +555,24 @@ async fn main() {
             quantile(v, 1.0)
         )
     };
+    let mut sorted = total.clone();
+    sorted.sort_by(f64::total_cmp);
+    let agent_sorted = {
+        let mut v = agent_part.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|ms| format!("{ms:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("e2e bench: every change, sorted (ms): {}", list(&sorted));
+    println!(
+        "e2e bench: the agent's part, sorted (ms): {}",
+        list(&agent_sorted)
+    );
     let rows = vec![
         Row(
             "Services x endpoints; nodes; agent mode".into(),
