@@ -1,7 +1,8 @@
 //! What the kernel holds of the agent's chains, read from `iptables-save` line by line:
 //! per table, the owned chains (their revision and rule count, not their text), the
 //! agent's jumps in built-in chains, and owned chains others refer to. [`super::diff`]
-//! compares desired rules with it.
+//! compares desired rules with it. A summary read ([`SaveParser::summary`]) keeps only
+//! a digest of the owned chains, for a periodic check that finds nothing most of the time.
 //!
 //! Chains are compared by the revision rule each of them starts with, never by their rule
 //! syntax (which the nft and legacy back ends print differently).
