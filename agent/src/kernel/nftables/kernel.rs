@@ -1,5 +1,5 @@
 //! [`NftKernel`]: what the nftables mode asks of nf_tables, one trait with the real
-//! [`NetlinkNft`] here and a fake in [`super::fake`].
+//! [`NetlinkNft`] here (the benches wrap it to time each call).
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! - [`desired`]: owners and counts kept between syncs; [`model`]: what the kernel holds,
 //!   read back; [`diff`]: the changes, from scratch or entry by entry, written to a
 //!   [`sink`] that sends them as transactions.
-//! - [`dataplane`]: the sync; [`probe`]: whether the kernel takes what the mode writes
+//! - [`dataplane`]: the sync; [`probe`](mod@probe): whether the kernel takes what the mode writes
 //!   (for `--mode auto`).
 
 pub mod dataplane;
