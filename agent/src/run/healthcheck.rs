@@ -184,19 +184,28 @@ pub struct HealthCheckServers {
     primary: bool,
     health: Arc<Health>,
     servers: BTreeMap<u16, PortServer>,
+    /// The runtime that serves them ([`super::http::HttpThread`]'s).
+    runtime: tokio::runtime::Handle,
 }
 
 impl HealthCheckServers {
     /// Servers listening on the node addresses inside `nodeport_addresses` (every
     /// address when empty), answering with `health` as the proxy's health.
     /// With `primary` (`--nodeport-addresses primary`) only on the node's primary IPs.
+    /// They are served on `runtime`.
     #[must_use]
-    pub fn new(nodeport_addresses: Vec<Cidr>, primary: bool, health: Arc<Health>) -> Self {
+    pub fn new(
+        nodeport_addresses: Vec<Cidr>,
+        primary: bool,
+        health: Arc<Health>,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
         Self {
             nodeport_addresses,
             primary,
             health,
             servers: BTreeMap::new(),
+            runtime,
         }
     }
 
@@ -278,8 +287,13 @@ impl HealthCheckServers {
             match listen(ip, port) {
                 Ok(listener) => {
                     let router = router.clone();
-                    tasks.push(tokio::spawn(async move {
-                        if let Err(err) = axum::serve(listener, router).await {
+                    tasks.push(self.runtime.spawn(async move {
+                        // Registered with the runtime that serves it.
+                        let served = match tokio::net::TcpListener::from_std(listener) {
+                            Ok(listener) => axum::serve(listener, router).await,
+                            Err(err) => Err(err),
+                        };
+                        if let Err(err) = served {
                             warn!(port, %err, "health-check server stopped");
                         }
                     }));
@@ -299,11 +313,12 @@ impl HealthCheckServers {
 }
 
 /// Binds `ip:port`; the IPv6 wildcard falls back to the IPv4 one on nodes without IPv6.
-fn listen(ip: IpAddr, port: u16) -> std::io::Result<tokio::net::TcpListener> {
-    let bind = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
+/// Non-blocking, for the runtime that will serve it.
+fn listen(ip: IpAddr, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let bind = |ip: IpAddr| -> std::io::Result<std::net::TcpListener> {
         let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port))?;
         listener.set_nonblocking(true)?;
-        tokio::net::TcpListener::from_std(listener)
+        Ok(listener)
     };
     match bind(ip) {
         Err(err) if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED) => {
@@ -453,6 +468,46 @@ mod tests {
             serde_json::from_str(&body("a\"b", "web", 0, false)).expect("JSON");
         assert_eq!(parsed["service"]["namespace"], "a\"b");
         assert_eq!(parsed["serviceProxyHealthy"], false);
+    }
+
+    /// The health-check ports live on the HTTP thread: they answer while the thread that
+    /// asked for them (the sync loop's, here a plain thread running no runtime at all)
+    /// is busy.
+    #[test]
+    fn health_check_ports_answer_while_the_sync_thread_is_busy() {
+        use std::io::{Read, Write};
+
+        let http = super::super::http::HttpThread::start().unwrap();
+        let health = Arc::new(Health::new(std::time::Duration::from_secs(60)));
+        let cidrs = vec![Cidr::from_str("127.0.0.0/8").unwrap()];
+        let mut servers = HealthCheckServers::new(cidrs, false, health, http.handle().clone());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let service = ServiceHealth {
+            namespace: "default".into(),
+            name: "web".into(),
+            local_endpoints: 2,
+        };
+        servers.serve(
+            BTreeMap::from([(port, service)]),
+            &["127.0.0.1".parse().unwrap()],
+        );
+        assert_eq!(servers.ports(), vec![port]);
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.0 200 "), "{answer}");
+        assert!(answer.contains("\"localEndpoints\": 2"), "{answer}");
+        // Stopped with the servers.
+        drop(servers);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     }
 
     #[test]

@@ -625,7 +625,16 @@ impl Listener {
     /// The bound listener, waiting for the port first if need be.
     async fn ready(self) -> Result<(TcpListener, SocketAddr), RunError> {
         match self {
-            Self::Bound(listener, address) => Ok((listener, address)),
+            // Bound where the agent started; served by the runtime polling this (the
+            // HTTP thread's), so its readiness is that runtime's to watch.
+            Self::Bound(listener, address) => listener
+                .into_std()
+                .and_then(TcpListener::from_std)
+                .map(|listener| (listener, address))
+                .map_err(|source| RunError::Http {
+                    what: format!("listening on {address}"),
+                    source,
+                }),
             Self::Waiting(address, what) => loop {
                 tokio::time::sleep(REBIND_INTERVAL).await;
                 match TcpListener::bind(address).await {
@@ -643,6 +652,49 @@ impl Listener {
                 }
             },
         }
+    }
+}
+
+/// The thread that serves HTTP: `/healthz`, `/metrics` and the health-check node ports,
+/// on a single-threaded runtime of its own. The sync loop (merges of thousands of Service
+/// plans, the watches) runs on the agent's main thread, so no answer waits for it; and
+/// the few bytes HTTP allocates stay in this thread's small malloc arena, not beside the
+/// watch buffers.
+#[derive(Debug)]
+pub struct HttpThread {
+    handle: tokio::runtime::Handle,
+    /// Dropped: the thread's runtime stops.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl HttpThread {
+    /// Starts the thread.
+    ///
+    /// # Errors
+    /// When the runtime or the thread cannot be started.
+    pub fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("proxyplan-http".to_owned())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(Self {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Where to spawn HTTP tasks.
+    #[must_use]
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
     }
 }
 

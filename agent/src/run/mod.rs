@@ -1,10 +1,12 @@
-//! `proxyplan-agent run`: watch this node's plan and the shards it names, program the
+//! `proxyplan-agent run`: watch this node's plan and the Service plans, program the
 //! kernel through a [`Dataplane`], report on the plan's status.
 //!
 //! One task owns the [`SyncLoop`]: it receives watch events, decides when to sync
 //! (minimum interval, periodic resync, retries), hands the merged plan to the dataplane
-//! thread and keeps the health-check node ports in step. Status writes, `/healthz` and
-//! `/metrics` run in their own tasks, so an unreachable API server never delays a sync.
+//! thread and keeps the health-check node ports in step. Status writes run in a task of
+//! their own, so an unreachable API server never delays a sync; `/healthz`, `/metrics`
+//! and the health-check node ports are served on a thread of their own
+//! ([`http::HttpThread`]), so a long merge never delays an answer.
 
 pub mod cache;
 pub mod healthcheck;
@@ -195,7 +197,11 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
         } = self;
         let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::new(2 * settings.sync_period));
-        let http = tokio::spawn(http::serve(
+        let http_thread = http::HttpThread::start().map_err(|source| RunError::Http {
+            what: "starting the HTTP thread".to_owned(),
+            source,
+        })?;
+        let http = http_thread.handle().spawn(http::serve(
             healthz,
             metrics_listener,
             metrics.clone(),
@@ -210,7 +216,14 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
         ));
         let watches = Watches::new(client, &settings.node_name);
         info!(node = %settings.node_name, mode = %settings.mode, "starting");
-        let mut sync = SyncLoop::new(&settings, dataplane, metrics, health, status_tx)?;
+        let mut sync = SyncLoop::new(
+            &settings,
+            dataplane,
+            metrics,
+            health,
+            status_tx,
+            http_thread.handle().clone(),
+        )?;
         let result = tokio::select! {
             result = sync.run(watches.all(), shutdown) => result,
             result = http => Err(match result {

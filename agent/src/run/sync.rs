@@ -74,6 +74,7 @@ impl SyncLoop {
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         status: watch::Sender<Option<NodeProxyPlanStatus>>,
+        http: tokio::runtime::Handle,
     ) -> Result<Self, RunError> {
         Ok(Self {
             node: settings.node_name.clone(),
@@ -100,6 +101,7 @@ impl SyncLoop {
                 settings.nodeport_addresses.clone(),
                 settings.nodeport_primary,
                 health.clone(),
+                http,
             ),
             metrics,
             health,
