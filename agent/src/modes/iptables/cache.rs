@@ -286,6 +286,28 @@ impl FamilyCache {
         delta
     }
 
+    /// Every chain the last successful sync left: (table, name as the kernel's reader
+    /// names it, revision, rules with the revision rule).
+    fn owned_chains(&self) -> impl Iterator<Item = (TableName, ChainName, u64, u32)> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|(_, g)| {
+                g.chains
+                    .iter()
+                    .map(|c| (c.table, ChainName::Hashed(c.name()), c.revision, c.rules))
+                    .chain(
+                        g.others
+                            .iter()
+                            .map(|c| (c.table, ChainName::new(&c.name), c.revision, c.rules)),
+                    )
+            })
+            .chain(
+                self.fixed
+                    .iter()
+                    .map(|f| (f.table, ChainName::new(&f.name), f.revision, f.rules)),
+            )
+    }
+
     /// Whether `kernel`, read as a summary ([`crate::ruleset::tables::Tables::read_family_summary`]),
     /// holds exactly what the last successful sync left: the same owned chains (by
     /// digest) and the same jumps from built-in chains. False also when the summary
@@ -296,19 +318,8 @@ impl FamilyCache {
             return true;
         }
         let mut expected = [ChainsDigest::default(); 2];
-        for (_, group) in &self.groups {
-            for c in group.chains.iter() {
-                let name = ChainName::Hashed(c.name());
-                expected[slot(c.table)].add(&name, Some(c.revision), c.rules as usize);
-            }
-            for c in group.others.iter() {
-                let name = ChainName::new(&c.name);
-                expected[slot(c.table)].add(&name, Some(c.revision), c.rules as usize);
-            }
-        }
-        for f in &self.fixed {
-            let name = ChainName::new(&f.name);
-            expected[slot(f.table)].add(&name, Some(f.revision), f.rules as usize);
+        for (table, name, revision, rules) in self.owned_chains() {
+            expected[slot(table)].add(&name, Some(revision), rules as usize);
         }
         TABLES.iter().all(|&table| {
             let held = kernel.table(table);
@@ -331,28 +342,7 @@ impl FamilyCache {
         self.context.as_ref()?;
         kernel.filter.chains.clear_seen();
         kernel.nat.chains.clear_seen();
-        let wanted = self
-            .groups
-            .iter()
-            .flat_map(|(_, g)| {
-                g.chains
-                    .iter()
-                    .map(|c| (c.table, ChainName::Hashed(c.name()), c.revision, c.rules))
-                    .chain(g.others.iter().map(|c| {
-                        (
-                            c.table,
-                            ChainName::Other(c.name.clone()),
-                            c.revision,
-                            c.rules,
-                        )
-                    }))
-            })
-            .chain(
-                self.fixed
-                    .iter()
-                    .map(|f| (f.table, ChainName::new(&f.name), f.revision, f.rules)),
-            );
-        for (table, name, revision, rules) in wanted {
+        for (table, name, revision, rules) in self.owned_chains() {
             if !kernel_has(kernel, table, &name, revision, rules) {
                 let found = kernel.table(table).chains.get_name(&name);
                 return Some(match found {
