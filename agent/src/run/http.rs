@@ -579,8 +579,8 @@ pub const REBIND_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A listener of the agent's own endpoints: bound, or waiting for its port.
 pub enum Listener {
-    /// Listening.
-    Bound(TcpListener, SocketAddr),
+    /// Listening (non-blocking, registered with a runtime only where it is served).
+    Bound(std::net::TcpListener, SocketAddr),
     /// The port is in use by someone else; bound once it is free.
     Waiting(SocketAddr, String),
 }
@@ -591,13 +591,14 @@ impl Listener {
     ///
     /// # Errors
     /// Any other bind error.
-    pub async fn bind(address: SocketAddr, what: &str) -> Result<Self, RunError> {
+    pub fn bind(address: SocketAddr, what: &str) -> Result<Self, RunError> {
         let error = |source| RunError::Http {
             what: format!("{what} on {address}"),
             source,
         };
-        match TcpListener::bind(address).await {
+        match std::net::TcpListener::bind(address) {
             Ok(listener) => {
+                listener.set_nonblocking(true).map_err(error)?;
                 let local = listener.local_addr().map_err(error)?;
                 Ok(Self::Bound(listener, local))
             }
@@ -625,11 +626,8 @@ impl Listener {
     /// The bound listener, waiting for the port first if need be.
     async fn ready(self) -> Result<(TcpListener, SocketAddr), RunError> {
         match self {
-            // Bound where the agent started; served by the runtime polling this (the
-            // HTTP thread's), so its readiness is that runtime's to watch.
-            Self::Bound(listener, address) => listener
-                .into_std()
-                .and_then(TcpListener::from_std)
+            // Registered with the runtime polling this: the HTTP thread's.
+            Self::Bound(listener, address) => TcpListener::from_std(listener)
                 .map(|listener| (listener, address))
                 .map_err(|source| RunError::Http {
                     what: format!("listening on {address}"),

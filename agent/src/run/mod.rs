@@ -154,11 +154,14 @@ impl<D: Dataplane + Send + 'static> Agent<D> {
     /// When an address cannot be bound for another reason (no such address, no
     /// permission).
     pub async fn bind(settings: Settings, client: Client, dataplane: D) -> Result<Self, RunError> {
-        let healthz = http::Listener::bind(settings.healthz_bind_address, "/healthz").await?;
+        let healthz = http::Listener::bind(settings.healthz_bind_address, "/healthz")?;
         let metrics = if settings.metrics_bind_address == settings.healthz_bind_address {
             None
         } else {
-            Some(http::Listener::bind(settings.metrics_bind_address, "/metrics").await?)
+            Some(http::Listener::bind(
+                settings.metrics_bind_address,
+                "/metrics",
+            )?)
         };
         Ok(Self {
             settings,
