@@ -69,6 +69,15 @@ pub trait Dataplane {
     /// When the check itself could not run.
     fn rules_intact(&mut self) -> Result<bool, DataplaneError>;
 
+    /// Whether the kernel holds this mode's rules at all, read from the kernel whatever
+    /// this process programmed or read before: a restarted agent answers health checks
+    /// from the previous agent's record only when this is true. (Unlike
+    /// [`Dataplane::rules_intact`], never true by default before a first sync.)
+    ///
+    /// # Errors
+    /// When the kernel cannot be asked.
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError>;
+
     /// Removes everything the agent owns, and nothing else.
     ///
     /// # Errors

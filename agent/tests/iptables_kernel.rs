@@ -549,6 +549,23 @@ macro_rules! for_both_backends {
     };
 }
 
+/// Whether the kernel holds the agent's rules is read from the kernel: an empty one (a
+/// restarted agent over a flushed or new network namespace) holds none, even before the
+/// agent programmed or read anything; after a sync it does; after cleanup, none again.
+fn holds_rules_reads_the_kernel(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    add_foreign_rules(&ns, backend);
+    assert!(
+        !dataplane(&ns, backend).holds_rules().unwrap(),
+        "an agent that has done nothing yet must not claim rules on an empty kernel"
+    );
+    let mut dp = dataplane(&ns, backend);
+    dp.sync(&plan(small_cluster()), false).unwrap();
+    assert!(dataplane(&ns, backend).holds_rules().unwrap());
+    dp.cleanup().unwrap();
+    assert!(!dataplane(&ns, backend).holds_rules().unwrap());
+}
+
 for_both_backends! {
     first_sync_then_nothing => nft_first_sync_then_nothing, legacy_first_sync_then_nothing;
     endpoint_change_rewrites_only_those_chains => nft_endpoint_change_rewrites_only_those_chains, legacy_endpoint_change_rewrites_only_those_chains;
@@ -559,6 +576,7 @@ for_both_backends! {
     deleted_jumps_are_noticed_and_restored => nft_deleted_jumps_are_noticed_and_restored, legacy_deleted_jumps_are_noticed_and_restored;
     one_altered_chain_is_noticed_and_rewritten => nft_one_altered_chain_is_noticed_and_rewritten, legacy_one_altered_chain_is_noticed_and_rewritten;
     restart_sends_nothing_then_one_change_is_small => nft_restart_sends_nothing_then_one_change_is_small, legacy_restart_sends_nothing_then_one_change_is_small;
+    holds_rules_reads_the_kernel => nft_holds_rules_reads_the_kernel, legacy_holds_rules_reads_the_kernel;
 }
 
 fn conntrack_count(ns: &Netns) -> usize {

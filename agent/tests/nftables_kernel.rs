@@ -86,3 +86,20 @@ fn lists_cleanly_and_restarts_without_changes() {
     assert_eq!(report.payload, "", "a restart changed the kernel");
     assert_eq!(again.sent(), (0, 0));
 }
+
+/// Whether the kernel holds the agent's table is read from the kernel: a fresh agent
+/// over an empty namespace says no (it used to say yes until it had synced once), yes
+/// once the table is there, no after cleanup.
+#[test]
+fn holds_rules_reads_the_kernel() {
+    let Some(ns) = netns() else { return };
+    assert!(
+        !dataplane(&ns).holds_rules().expect("ask"),
+        "an agent that has done nothing yet must not claim rules on an empty kernel"
+    );
+    let mut dp = dataplane(&ns);
+    dp.sync(&special_cluster(), false).expect("sync");
+    assert!(dataplane(&ns).holds_rules().expect("ask"));
+    dp.cleanup().expect("cleanup");
+    assert!(!dataplane(&ns).holds_rules().expect("ask"));
+}

@@ -11,7 +11,6 @@
 
 use std::cell::RefCell;
 
-use super::names;
 use super::rules::TableName;
 use super::save::{KernelFamily, KernelJump, KernelTable, SaveParser, revision_of_comment};
 use crate::kernel::command::Runner;
@@ -206,22 +205,23 @@ impl Tables<'_> {
         })
     }
 
-    /// Whether the canary chain of `table` still holds its rule: when someone flushed
-    /// the agent's rules, it is gone too.
+    /// Whether `table` of `family` has the chain `chain` (`iptables -S CHAIN`).
     ///
     /// # Errors
-    /// When `iptables` cannot be run or fails other than for a missing chain.
-    pub fn canary_intact(&self, family: Family, table: TableName) -> Result<bool, DataplaneError> {
+    /// When `iptables` cannot be run or fails other than for a missing chain or table.
+    pub fn has_chain(
+        &self,
+        family: Family,
+        table: TableName,
+        chain: &str,
+    ) -> Result<bool, DataplaneError> {
         let iptables = self.backend.binary(family, Tool::Iptables);
-        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", names::CANARY];
+        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", chain];
         let output = self.runner.run(&iptables, &args, None)?;
         match output.code {
-            Some(0) => {
-                let rule = format!("-A {} ", names::CANARY);
-                Ok(output.stdout.lines().any(|l| l.starts_with(&rule)))
-            }
-            // No such chain.
-            Some(1) => Ok(false),
+            Some(0) => Ok(true),
+            // No such chain (or, on a node without that family, no such table).
+            Some(1 | 3) => Ok(false),
             _ => Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
         }
     }

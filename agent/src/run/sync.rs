@@ -332,12 +332,13 @@ impl SyncLoop {
                 return Ok(());
             }
         };
-        let intact = self
+        // Read from the kernel, not assumed: nothing was programmed or read yet.
+        let held = self
             .dataplane
-            .rules_intact()
+            .holds_rules()
             .await
             .map_err(|_| RunError::DataplaneStopped)?;
-        match intact {
+        match held {
             Ok(true) => {
                 info!(
                     revision = %record.revision,
@@ -354,7 +355,7 @@ impl SyncLoop {
                  with the first sync"
             ),
             Err(err) => {
-                warn!(%err, "canary check failed; health-check node ports open with the first sync")
+                warn!(%err, "cannot read the kernel's rules; health-check node ports open with the first sync")
             }
         }
         Ok(())

@@ -27,6 +27,10 @@ impl<D: Dataplane + ?Sized> Dataplane for Box<D> {
         (**self).rules_intact()
     }
 
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
+        (**self).holds_rules()
+    }
+
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         (**self).cleanup()
     }
@@ -43,6 +47,7 @@ enum Job {
         oneshot::Sender<Result<SyncReport, DataplaneError>>,
     ),
     RulesIntact(oneshot::Sender<Result<bool, DataplaneError>>),
+    HoldsRules(oneshot::Sender<Result<bool, DataplaneError>>),
 }
 
 /// A [`Dataplane`] owned by a dedicated thread, called from async code.
@@ -67,6 +72,9 @@ impl DataplaneThread {
                         }
                         Job::RulesIntact(answer) => {
                             let _ = answer.send(dataplane.rules_intact());
+                        }
+                        Job::HoldsRules(answer) => {
+                            let _ = answer.send(dataplane.holds_rules());
                         }
                     }
                 }
@@ -97,6 +105,18 @@ impl DataplaneThread {
         let (answer, result) = oneshot::channel();
         self.jobs
             .send(Job::RulesIntact(answer))
+            .map_err(|_| DataplaneStopped)?;
+        result.await.map_err(|_| DataplaneStopped)
+    }
+
+    /// [`Dataplane::holds_rules`].
+    ///
+    /// # Errors
+    /// The outer error when the thread is gone.
+    pub async fn holds_rules(&self) -> Result<Result<bool, DataplaneError>, DataplaneStopped> {
+        let (answer, result) = oneshot::channel();
+        self.jobs
+            .send(Job::HoldsRules(answer))
             .map_err(|_| DataplaneStopped)?;
         result.await.map_err(|_| DataplaneStopped)
     }

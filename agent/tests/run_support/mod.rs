@@ -657,6 +657,11 @@ impl Dataplane for FakeDataplane {
         Ok(intact)
     }
 
+    /// The fake kernel holds the rules exactly when `intact` says so.
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
+        Ok(self.intact.load(Ordering::SeqCst))
+    }
+
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         Ok(SyncReport::default())
     }

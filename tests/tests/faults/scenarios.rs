@@ -235,11 +235,16 @@ impl Faults {
         let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
         let livez = get_in(&netns, port, "/livez");
         let after = nat_rules_stable(&netns);
+        // Once more over an empty kernel (a firewall reload, a `cleanup` that kept
+        // /run/proxyplan): the record is kept, the rules are not, so the restarted agent
+        // must not answer from it; its ports open with its first sync.
+        let emptied = self.restart_over_an_empty_kernel(&netns, hc_port).await;
         // The controller comes back (also after a failed check: the scenarios after this
         // one need it) and repairs the plan; the agent applies it.
         let repaired = Instant::now();
         self.start_controller("a", "200ms").await?;
         let refused = refused?;
+        emptied?;
         if !(served.contains(" 200 ") && served.contains("\"localEndpoints\": 1")) {
             return Err(format!(
                 "the health-check port after the restart: {served:?}\n{}",
@@ -278,13 +283,68 @@ impl Faults {
             &format!(
                 "refused ({}) {} after start; kernel unchanged; /livez 200; health-check \
                  node port answered 200 with localEndpoints 1 from the record throughout; \
-                 repaired and applied {} after the controller was started",
+                 restarted again over an emptied kernel (state directory kept): port closed; \
+                 repaired and applied {} after the controller was started (port 200 again)",
                 refused.lines().next().unwrap_or_default(),
                 secs(took),
                 secs(applied)
             ),
         );
         Ok(())
+    }
+
+    /// Kills the agent, removes everything it owns from the kernel (its state directory
+    /// stays), starts it again with its plan still refused: the health-check node port
+    /// must stay closed, since the kernel no longer serves what the record describes.
+    async fn restart_over_an_empty_kernel(
+        &mut self,
+        netns: &str,
+        hc_port: u16,
+    ) -> Result<(), String> {
+        let agent = self.agent.as_mut().ok_or("no agent")?;
+        if let Some(mut process) = agent.process.take() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+        let agent_bin = self.bins.agent.to_string_lossy().into_owned();
+        procs::run(
+            "ip",
+            &[
+                "netns", "exec", netns, &agent_bin, "cleanup", "--mode", "iptables",
+            ],
+        )?;
+        let log = self.workdir.join("agent.log");
+        let lost = "the kernel lost the previous agent's rules";
+        let said = |log: &std::path::Path| {
+            std::fs::read_to_string(log).map_or(0, |text| text.matches(lost).count())
+        };
+        let before = said(&log);
+        self.start_agent().await?;
+        wait_for(
+            "the agent restarted over an empty kernel to find its rules gone",
+            WAIT,
+            async || {
+                if said(&log) > before {
+                    Ok(())
+                } else {
+                    Err(format!("its log does not say {lost:?} yet"))
+                }
+            },
+        )
+        .await
+        .map_err(|e| format!("{e}\n{}", self.agent_log_tail()))?;
+        // The port would open together with the refusal (both follow the first read).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let served = get_in(netns, hc_port, "/");
+        if served.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the health-check node port answered over an empty kernel, from the \
+                 previous agent's record: {served:?}\n{}",
+                self.agent_log_tail()
+            ))
+        }
     }
 
     /// A Service whose status the API server accepted but strict types cannot read is

@@ -32,6 +32,7 @@ use crate::dataplane::{Dataplane, DataplaneError, REPORT_TEXT_LIMIT, SyncReport}
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
+use crate::ruleset::rules::TableName;
 use crate::ruleset::save::{KernelChains, KernelFamily};
 use crate::ruleset::tables::Tables;
 
@@ -549,6 +550,19 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
                 Err(err)
             }
         }
+    }
+
+    /// The canary chain in either family's `nat` table.
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
+        for family in Family::ALL {
+            if self
+                .tables()
+                .has_chain(family, TableName::Nat, crate::ruleset::names::CANARY)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {

@@ -723,6 +723,19 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         Ok(self.ipvs_intact()? && intact)
     }
 
+    /// The canary chain in either family's `nat` table.
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
+        for family in Family::ALL {
+            if self
+                .tables()
+                .has_chain(family, TableName::Nat, crate::ruleset::names::CANARY)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         let mut report = SyncReport::default();
         self.invalidate();

@@ -585,6 +585,15 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
         Ok(true)
     }
 
+    fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
+        for family in Family::ALL {
+            if self.kernel.table_exists(nfproto(family), names::TABLE)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         let mut report = SyncReport::default();
         self.sent = (0, 0);
