@@ -19,7 +19,7 @@ use proxyplan_agent::modes::nftables::rules::Net;
 use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_agent::run::{self, Cidr, ProxyMode, plan_file};
 
-use crate::switch;
+use crate::{switch, uninstall};
 use proxyplan_crds::TrafficPolicy;
 use proxyplan_crds::runtime::parse_duration;
 
@@ -49,7 +49,7 @@ enum Command {
     /// endpoint change moves them on every node) is written at most once per
     /// --status-min-interval, so such a change costs O(1) API writes per interval, not
     /// one per node. The sync duration alone is never a reason to write.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Apply a plan file once to the current network namespace, then exit.
     ///
     /// The file holds a node's plan and every Service's plan, as `proxyplan-controller
@@ -67,7 +67,7 @@ enum Command {
 }
 
 /// How the kernel is programmed.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct DataplaneArgs {
     /// Proxy mode: nftables (one nf_tables table of the agent's own, with sets and verdict
     /// maps, programmed over netlink), iptables (a chain per service and endpoint), ipvs
@@ -87,7 +87,7 @@ struct DataplaneArgs {
 }
 
 /// The ipvs mode's node-local settings.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct IpvsArgs {
     /// ipvs mode: the IPVS scheduler of every virtual server (rr, wrr, lc, wlc, lblc,
     /// lblcr, dh, sh, sed, nq, mh, fo, ovf, twos; any scheduler module the kernel has).
@@ -318,6 +318,13 @@ struct RunArgs {
     /// an unreachable API server). Empty keeps nothing.
     #[arg(long, value_name = "DIR", default_value = "/run/proxyplan")]
     state_dir: PathBuf,
+    /// The DaemonSet this agent runs in. When the agent is stopped (SIGTERM) and that
+    /// DaemonSet is gone or being deleted — an uninstall — it removes everything it owns
+    /// from the kernel, of every mode, and the record in --state-dir; otherwise (a rolling
+    /// update, a restart, an unreachable API server) the kernel keeps the last programmed
+    /// plan. Unset: the kernel always keeps it.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = uninstall::OwnerDaemonSet::parse)]
+    owner_daemonset: Option<uninstall::OwnerDaemonSet>,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
@@ -367,7 +374,7 @@ impl Cli {
     /// Runs the chosen command.
     pub fn run(self) -> ExitCode {
         let result = match self.command {
-            Command::Run(args) => run_agent(args),
+            Command::Run(args) => run_agent(*args),
             Command::Apply(args) => apply(args),
             Command::Cleanup(args) => cleanup(args),
             Command::Check(args) => check(args),
@@ -527,12 +534,27 @@ impl DataplaneArgs {
         }
     }
 
-    /// Removes what the agent owns of the modes other than `mode`; one line per thing
-    /// done.
-    fn leave_other_modes(&self, mode: ProxyMode, render: &RenderSettings) -> Vec<String> {
-        switch::remove_other_modes(mode, &self.ipvs.ipvs_interface, &|other| {
-            self.dataplane(other, render)
-        })
+    /// `mode`'s dataplane, which removes what the agent owns of the other modes: what
+    /// must go first now (one line per thing done, for the log), the rest after its
+    /// first successful sync.
+    fn dataplane_leaving_others(
+        self,
+        mode: ProxyMode,
+        render: RenderSettings,
+        log: fn(&str),
+    ) -> (Box<dyn Dataplane + Send>, Vec<String>) {
+        let (before, after) = switch::other_modes(mode, &self.ipvs.ipvs_interface);
+        let done = switch::remove_modes(mode, &before, &|other| self.dataplane(other, &render));
+        let inner = self.dataplane(mode, &render);
+        let deferred: Option<switch::Deferred> = (!after.is_empty()).then(|| {
+            Box::new(move || {
+                switch::remove_modes(mode, &after, &|other| self.dataplane(other, &render))
+            }) as switch::Deferred
+        });
+        (
+            Box::new(switch::LeavingOtherModes::new(inner, deferred, log)),
+            done,
+        )
     }
 }
 
@@ -546,6 +568,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         healthz_bind_address,
         metrics_bind_address,
         state_dir,
+        owner_daemonset,
         log,
         dataplane: dataplane_args,
         render,
@@ -566,13 +589,15 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     if let Some(why) = why {
         tracing::info!("{why}");
     }
-    for done in dataplane_args.leave_other_modes(mode, &render) {
+    let every_mode = dataplane_args.clone();
+    let (dataplane, done) =
+        dataplane_args.dataplane_leaving_others(mode, render, |line| tracing::info!("{line}"));
+    for done in done {
         tracing::info!("{done}");
     }
-    let dataplane = dataplane_args.dataplane(mode, &render);
     let settings = run::Settings {
         node_name: node,
-        kubeconfig,
+        kubeconfig: kubeconfig.clone(),
         mode,
         nodeport_addresses,
         nodeport_primary,
@@ -581,7 +606,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
-        state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir),
+        state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir.clone()),
     };
     // The sync loop, the watches and the status writes run on this thread; HTTP
     // (`/healthz`, `/metrics`, health-check node ports) on one of its own, the kernel
@@ -594,7 +619,56 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(run::run(settings, dataplane))?;
+    if let Some(owner) = owner_daemonset {
+        let gone = runtime.block_on(owner.is_gone(kubeconfig.as_deref()));
+        match gone {
+            Ok(false) => tracing::info!(
+                daemonset = %owner,
+                "the DaemonSet is still there (a restart or an update): the kernel keeps the \
+                 last programmed plan"
+            ),
+            Ok(true) => {
+                tracing::info!(
+                    daemonset = %owner,
+                    "the DaemonSet is gone (uninstall): removing everything the agent owns"
+                );
+                for done in remove_everything(&every_mode)? {
+                    tracing::info!("{done}");
+                }
+                uninstall::remove_state(&state_dir);
+            }
+            Err(err) => tracing::warn!(
+                daemonset = %owner,
+                %err,
+                "cannot tell whether the DaemonSet is gone: the kernel keeps the last \
+                 programmed plan"
+            ),
+        }
+    }
     Ok(())
+}
+
+/// Removes what the agent owns in every mode (or only `--mode`'s when it is not auto);
+/// one line per mode that had something.
+fn remove_everything(dataplane_args: &DataplaneArgs) -> anyhow::Result<Vec<String>> {
+    let render = RenderSettings::default();
+    let modes = match dataplane_args.resolve_explicit() {
+        Some(mode) => vec![mode],
+        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
+    };
+    let every = modes.len() > 1;
+    let mut done = Vec::new();
+    for mode in modes {
+        if every && !switch::may_have_left(mode, &dataplane_args.ipvs.ipvs_interface) {
+            continue;
+        }
+        let report = dataplane_args.dataplane(mode, &render).cleanup()?;
+        done.push(format!(
+            "removed what the agent owned ({mode} mode): {} chains or objects",
+            report.changed
+        ));
+    }
+    Ok(done)
 }
 
 fn apply(args: ApplyArgs) -> anyhow::Result<()> {
@@ -616,13 +690,17 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     if let Some(why) = why {
         eprintln!("{why}");
     }
-    if !dry_run {
+    let mut dataplane = if dry_run {
+        dataplane_args.dataplane(mode, &render)
+    } else {
         conntrack.apply();
-        for done in dataplane_args.leave_other_modes(mode, &render) {
+        let (dataplane, done) =
+            dataplane_args.dataplane_leaving_others(mode, render, |line| eprintln!("{line}"));
+        for done in done {
             eprintln!("{done}");
         }
-    }
-    let mut dataplane = dataplane_args.dataplane(mode, &render);
+        dataplane
+    };
     let started = std::time::Instant::now();
     let report = dataplane.sync_shared(&merged, dry_run)?;
     let elapsed = started.elapsed();
@@ -675,21 +753,8 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
     let CleanupArgs {
         dataplane: dataplane_args,
     } = args;
-    let render = RenderSettings::default();
-    let modes = match dataplane_args.resolve_explicit() {
-        Some(mode) => vec![mode],
-        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
-    };
-    let every = modes.len() > 1;
-    for mode in modes {
-        if every && !switch::may_have_left(mode, &dataplane_args.ipvs.ipvs_interface) {
-            continue;
-        }
-        let report = dataplane_args.dataplane(mode, &render).cleanup()?;
-        println!(
-            "removed what the agent owned ({mode} mode): {} chains or objects",
-            report.changed
-        );
+    for done in remove_everything(&dataplane_args)? {
+        println!("{done}");
     }
     Ok(())
 }

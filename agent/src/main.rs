@@ -2,6 +2,7 @@
 
 mod cli;
 mod switch;
+mod uninstall;
 
 use clap::Parser;
 
