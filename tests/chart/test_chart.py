@@ -3,14 +3,17 @@
 which embeds Helm's Go SDK: offline render and lint, no helm binary, no cluster).
 
 Renders the chart with default values and with overrides, lints it, and checks the
-rendered manifests: every kind, least-privilege RBAC, security contexts, probes, and the
-values reaching the containers' flags. Ends with `chart: N passed, M failed`.
+rendered manifests: every kind, least-privilege RBAC, security contexts, probes, the
+values reaching the containers' flags, and the optional monitoring objects (PodMonitors,
+PrometheusRule, Grafana dashboard), whose queries may name only metrics README.md lists. Ends with `chart: N passed, M failed`.
 
 Needs: python3 -m pip install helm-python-sdk pyyaml
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import unittest
 from pathlib import Path
@@ -18,7 +21,8 @@ from pathlib import Path
 import helm_python as helm
 import yaml
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "proxyplan"
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "proxyplan"
 RELEASE = "proxyplan"
 NAMESPACE = "kube-system"
 
@@ -98,6 +102,8 @@ class Defaults(unittest.TestCase):
                     "ClusterRoleBinding",
                     "ClusterRoleBinding",
                     "Role",
+                    "Role",
+                    "RoleBinding",
                     "RoleBinding",
                     "Deployment",
                     "PodDisruptionBudget",
@@ -137,11 +143,11 @@ class Defaults(unittest.TestCase):
                 ("events.k8s.io", ["events"], ["create", "patch"]),
             ),
         )
-        role = find(self.objects, "Role")
+        role = find(self.objects, "Role", "proxyplan-controller-leader-election")
         self.assertEqual(
             rules(role), expand(("coordination.k8s.io", ["leases"], ["get", "create", "update"]))
         )
-        binding = find(self.objects, "RoleBinding")
+        binding = find(self.objects, "RoleBinding", "proxyplan-controller-leader-election")
         self.assertEqual(binding["roleRef"]["name"], role["metadata"]["name"])
         self.assertEqual(
             binding["subjects"],
@@ -156,6 +162,23 @@ class Defaults(unittest.TestCase):
                 ("proxyplan.dev", ["nodeproxyplans/status"], ["patch"]),
             ),
         )
+
+    def test_agent_may_read_only_its_own_daemonset(self) -> None:
+        # At SIGTERM the agent asks whether its DaemonSet is gone (an uninstall).
+        role = find(self.objects, "Role", "proxyplan-agent")
+        self.assertEqual(
+            role["rules"],
+            [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+              "resourceNames": ["proxyplan-agent"], "verbs": ["get"]}],
+        )
+        binding = find(self.objects, "RoleBinding", "proxyplan-agent")
+        self.assertEqual(binding["roleRef"]["name"], "proxyplan-agent")
+        self.assertEqual(
+            binding["subjects"],
+            [{"kind": "ServiceAccount", "name": "proxyplan-agent", "namespace": NAMESPACE}],
+        )
+        args = container(self.objects, "DaemonSet")["args"]
+        self.assertIn(f"--owner-daemonset={NAMESPACE}/proxyplan-agent", args)
 
     def test_bindings_point_at_their_service_accounts(self) -> None:
         for component in ("controller", "agent"):
@@ -483,7 +506,9 @@ class Overrides(unittest.TestCase):
             "--healthz-bind-address=0.0.0.0:10266",
         ):
             self.assertIn(flag, args)
-        self.assertEqual({p["name"]: p["containerPort"] for p in c["ports"]}, {"healthz": 10266})
+        # /metrics listens beyond loopback here: named, for a PodMonitor.
+        self.assertEqual({p["name"]: p["containerPort"] for p in c["ports"]},
+                         {"healthz": 10266, "metrics": 10250})
         self.assertEqual(c["image"], "registry.example/pp-agent:v9")
 
     def test_optional_objects_can_be_disabled(self) -> None:
@@ -504,6 +529,359 @@ class Overrides(unittest.TestCase):
             self.assertEqual(env["KUBERNETES_SERVICE_PORT"], "6443", kind)
 
 
+# Every monitoring object on; the agent's /metrics must then listen beyond loopback.
+MONITORING = {
+    "agent": {"metrics": {"bindAddress": "0.0.0.0"}},
+    "metrics": {
+        "podMonitor": {"enabled": True, "labels": {"release": "kps"},
+                       "interval": "15s", "scrapeTimeout": "5s"},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+        "dashboard": {"enabled": True},
+    },
+}
+
+MONITORING_KINDS = {"PodMonitor", "PrometheusRule", "ConfigMap"}
+
+ALERTS = {
+    "ProxyPlanNodeNotApplied",
+    "ProxyPlanAgentSyncErrors",
+    "ProxyPlanDegraded",
+    "ProxyPlanProgrammingLatencyHigh",
+    "ProxyPlanControllerNoLeader",
+    "ProxyPlanControllerWriteErrors",
+}
+
+# PromQL's functions, aggregations and keywords: every other identifier in a query,
+# once strings, label matchers, ranges and grouping clauses are gone, is a metric name.
+PROMQL_WORDS = {
+    "abs", "absent", "absent_over_time", "and", "avg", "avg_over_time", "bool", "ceil",
+    "changes", "clamp", "clamp_max", "clamp_min", "count", "count_over_time", "delta",
+    "deriv", "floor", "group", "histogram_quantile", "idelta", "increase", "irate",
+    "label_replace", "max", "max_over_time", "min", "min_over_time", "offset", "or",
+    "quantile", "quantile_over_time", "rate", "resets", "round", "scalar", "sort",
+    "sort_desc", "sum", "sum_over_time", "time", "timestamp", "topk", "bottomk", "unless",
+    "vector",
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL (or Grafana-templated PromQL) expression reads."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^{}]*\}", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\$\w+", "", expr)
+    expr = re.sub(r"\b\d+(\.\d+)?([eE][-+]?\d+)?\b", "", expr)
+    return set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", expr)) - PROMQL_WORDS
+
+
+def readme_metrics() -> set[str]:
+    """Every metric README.md lists: the agent's (kube-proxy's names and proxyplan_agent_*,
+    with `X_pending` / `_total` meaning both) and the controller's (written without their
+    `proxyplan_controller_` prefix)."""
+    text = (ROOT / "README.md").read_text()
+    names: set[str] = set()
+    controller = re.search(r"Metrics \(`proxyplan_controller_` prefix\):(.*?)\n\n", text, re.S)
+    assert controller, "README: the controller's metrics paragraph is gone"
+    for token in re.findall(r"`([^`]+)`", controller.group(1)):
+        names.add("proxyplan_controller_" + re.sub(r"\{.*\}$", "", token))
+    agent = re.search(r"\nMetrics, with kube-proxy's names(.*?)\n\n", text, re.S)
+    assert agent, "README: the agent's metrics paragraph is gone"
+    previous = ""
+    for token in re.findall(r"`([^`]+)`", agent.group(1)):
+        token = re.sub(r"\{.*\}$", "", token)
+        if token.startswith("_") and previous:
+            names.add(previous.rsplit("_", 1)[0] + token)
+        elif re.fullmatch(r"(kubeproxy|proxyplan)_[a-z0-9_]+", token):
+            names.add(token)
+            previous = token
+    return names
+
+
+def in_readme(name: str, known: set[str]) -> bool:
+    """A listed metric, or a histogram's _bucket/_sum/_count series of one."""
+    base = re.sub(r"_(bucket|sum|count)$", "", name)
+    return name in known or (base != name and base in known)
+
+
+class Monitoring(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.objects = render(MONITORING)
+        cls.readme = readme_metrics()
+
+    def test_readme_lists_parsed(self) -> None:
+        for name in (
+            "proxyplan_controller_is_leader",
+            "proxyplan_controller_write_errors_total",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "proxyplan_agent_merge_duration_seconds",
+        ):
+            self.assertIn(name, self.readme)
+        self.assertNotIn("ip_family", self.readme)
+
+    def test_defaults_render_none(self) -> None:
+        kinds = {o["kind"] for o in render()}
+        self.assertFalse(kinds & MONITORING_KINDS)
+        self.assertNotIn("metrics", {p["name"] for p in container(render(), "DaemonSet")["ports"]})
+
+    def test_each_alone(self) -> None:
+        base = {"agent": {"metrics": {"bindAddress": "0.0.0.0"}}}
+        for key, kinds in (("podMonitor", ["PodMonitor", "PodMonitor"]),
+                           ("prometheusRule", ["PrometheusRule"]),
+                           ("dashboard", ["ConfigMap"])):
+            objects = render({**base, "metrics": {key: {"enabled": True}}})
+            self.assertEqual(sorted(o["kind"] for o in objects if o["kind"] in MONITORING_KINDS),
+                             kinds, key)
+
+    def test_pod_monitors_select_named_ports(self) -> None:
+        monitors = [o for o in self.objects if o["kind"] == "PodMonitor"]
+        self.assertEqual(sorted(m["metadata"]["name"] for m in monitors),
+                         ["proxyplan-agent", "proxyplan-controller"])
+        for kind, name in (("Deployment", "proxyplan-controller"), ("DaemonSet", "proxyplan-agent")):
+            with self.subTest(kind=kind):
+                monitor = find(self.objects, "PodMonitor", name)
+                self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
+                self.assertEqual(monitor["metadata"]["namespace"], NAMESPACE)
+                self.assertEqual(monitor["metadata"]["labels"]["release"], "kps")
+                workload = find(self.objects, kind)
+                self.assertEqual(monitor["spec"]["selector"]["matchLabels"],
+                                 workload["spec"]["selector"]["matchLabels"])
+                self.assertEqual(monitor["spec"]["namespaceSelector"], {"matchNames": [NAMESPACE]})
+                (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+                self.assertEqual(endpoint["port"], "metrics")
+                self.assertEqual(endpoint["path"], "/metrics")
+                self.assertEqual(endpoint["interval"], "15s")
+                self.assertEqual(endpoint["scrapeTimeout"], "5s")
+                self.assertIn({"action": "replace",
+                               "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                               "targetLabel": "node"}, endpoint["relabelings"])
+                ports = {p["name"]: p for p in container(self.objects, kind)["ports"]}
+                self.assertIn("metrics", ports)
+        agent_port = {p["name"]: p for p in container(self.objects, "DaemonSet")["ports"]}["metrics"]
+        self.assertEqual(agent_port["containerPort"], 10249)
+        self.assertIn("--metrics-bind-address=0.0.0.0:10249",
+                      container(self.objects, "DaemonSet")["args"])
+
+    def test_pod_monitor_extra_relabelings_and_prometheus_defaults(self) -> None:
+        objects = render({"agent": {"metrics": {"bindAddress": "0.0.0.0"}},
+                          "metrics": {"podMonitor": {
+                              "enabled": True, "interval": "", "scrapeTimeout": "",
+                              "relabelings": [{"action": "labeldrop", "regex": "container"}],
+                              "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"],
+                                                     "regex": "go_.*"}]}}})
+        (endpoint,) = find(objects, "PodMonitor", "proxyplan-agent")["spec"]["podMetricsEndpoints"]
+        self.assertNotIn("interval", endpoint)
+        self.assertNotIn("scrapeTimeout", endpoint)
+        self.assertEqual(endpoint["relabelings"][0]["targetLabel"], "node")
+        self.assertEqual(endpoint["relabelings"][1], {"action": "labeldrop", "regex": "container"})
+        self.assertEqual(endpoint["metricRelabelings"][0]["regex"], "go_.*")
+
+    def test_loopback_agent_metrics_fail_clearly(self) -> None:
+        for address in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+            with self.subTest(address=address):
+                with self.assertRaises(helm.HelmError) as caught:
+                    render({"agent": {"metrics": {"bindAddress": address}},
+                            "metrics": {"podMonitor": {"enabled": True}}})
+                message = str(caught.exception)
+                self.assertIn("metrics.podMonitor.enabled", message)
+                self.assertIn("set agent.metrics.bindAddress=0.0.0.0", message)
+        # Loopback is fine without the PodMonitor (the default), and the port stays unnamed.
+        ports = {p["name"] for p in container(render(), "DaemonSet")["ports"]}
+        self.assertEqual(ports, {"healthz"})
+
+    def rules(self, objects: list[dict] | None = None) -> dict[str, dict]:
+        rule = find(objects or self.objects, "PrometheusRule")
+        out = {}
+        for group in rule["spec"]["groups"]:
+            self.assertTrue(group["rules"], group["name"])
+            for r in group["rules"]:
+                out[r["alert"]] = r
+        return out
+
+    def test_prometheus_rule_alerts(self) -> None:
+        rule = find(self.objects, "PrometheusRule")
+        self.assertEqual(rule["apiVersion"], "monitoring.coreos.com/v1")
+        self.assertEqual(rule["metadata"]["namespace"], NAMESPACE)
+        self.assertEqual(rule["metadata"]["labels"]["release"], "kps")
+        alerts = self.rules()
+        self.assertEqual(set(alerts), ALERTS)
+        for name, alert in alerts.items():
+            with self.subTest(alert=name):
+                self.assertIn(alert["labels"]["severity"], ("warning", "critical"))
+                self.assertTrue(alert["annotations"]["summary"])
+                self.assertIn("kubectl", alert["annotations"]["description"])
+                self.assertRegex(alert["for"], r"^[0-9]+[smh]$")
+        agent = 'job="kube-system/proxyplan-agent"'
+        controller = 'job="kube-system/proxyplan-controller"'
+        for name in ("ProxyPlanNodeNotApplied", "ProxyPlanAgentSyncErrors", "ProxyPlanDegraded",
+                     "ProxyPlanProgrammingLatencyHigh"):
+            self.assertIn(agent, alerts[name]["expr"], name)
+            self.assertIn("kubectl get nodeproxyplans", alerts[name]["annotations"]["description"])
+        for name in ("ProxyPlanNodeNotApplied", "ProxyPlanAgentSyncErrors", "ProxyPlanDegraded"):
+            description = alerts[name]["annotations"]["description"]
+            self.assertIn("kubectl describe npp {{ with $labels.node }}", description)
+            self.assertIn("agent's logs", description)
+        for name in ("ProxyPlanControllerNoLeader", "ProxyPlanControllerWriteErrors"):
+            self.assertIn(controller, alerts[name]["expr"], name)
+        not_applied = alerts["ProxyPlanNodeNotApplied"]
+        self.assertEqual(not_applied["for"], "5m")
+        self.assertRegex(
+            re.sub(r"\s+", " ", not_applied["expr"]),
+            r"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds\{[^}]*\} > "
+            r"kubeproxy_sync_proxy_rules_last_timestamp_seconds\{",
+        )
+        self.assertIn("increase(proxyplan_agent_sync_errors_total{",
+                      alerts["ProxyPlanAgentSyncErrors"]["expr"])
+        self.assertIn("[5m]) > 0", alerts["ProxyPlanAgentSyncErrors"]["expr"])
+        degraded = alerts["ProxyPlanDegraded"]
+        self.assertIn("proxyplan_agent_invalid_plans_total", degraded["expr"])
+        self.assertIn("status condition, not a metric", degraded["annotations"]["description"])
+        latency = re.sub(r"\s+", " ", alerts["ProxyPlanProgrammingLatencyHigh"]["expr"])
+        self.assertIn("histogram_quantile(0.99, sum by (le) "
+                      "(rate(kubeproxy_network_programming_duration_seconds_bucket{", latency)
+        self.assertTrue(latency.endswith(") > 1"), latency)
+        self.assertIn("sum(proxyplan_controller_is_leader{",
+                      alerts["ProxyPlanControllerNoLeader"]["expr"])
+        self.assertIn(") < 1", alerts["ProxyPlanControllerNoLeader"]["expr"])
+        self.assertEqual(alerts["ProxyPlanControllerNoLeader"]["labels"]["severity"], "critical")
+        self.assertIn("proxyplan_controller_write_errors_total",
+                      alerts["ProxyPlanControllerWriteErrors"]["expr"])
+
+    def test_rule_metric_names_in_readme(self) -> None:
+        seen = set()
+        for name, alert in self.rules().items():
+            names = metric_names(alert["expr"])
+            self.assertTrue(names, name)
+            for metric in names:
+                self.assertTrue(in_readme(metric, self.readme),
+                                f"{name}: {metric} is not in README's metric lists")
+            seen |= names
+        self.assertIn("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", seen)
+        # The parser does catch a name README does not list.
+        self.assertEqual(metric_names('sum by (le) (rate(kube_proxy_typo_bucket{job="x"}[5m])) > 1'),
+                         {"kube_proxy_typo_bucket"})
+        self.assertFalse(in_readme("kube_proxy_typo_bucket", self.readme))
+
+    def test_rule_values(self) -> None:
+        objects = render({"metrics": {"prometheusRule": {
+            "enabled": True,
+            "agentSelector": 'namespace="kube-system", pod=~"proxyplan-agent-.*"',
+            "controllerSelector": 'job="pp-controller"',
+            "alertLabels": {"team": "network"},
+            "alerts": {
+                "nodeNotApplied": {"for": "15m", "severity": "critical", "lastSyncAgeSeconds": 300},
+                "degraded": {"window": "1h"},
+                "programmingLatencyHigh": {"thresholdSeconds": 2.5},
+                "controllerWriteErrors": {"enabled": False},
+            }}}})
+        alerts = self.rules(objects)
+        self.assertNotIn("ProxyPlanControllerWriteErrors", alerts)
+        self.assertEqual(alerts["ProxyPlanNodeNotApplied"]["for"], "15m")
+        self.assertEqual(alerts["ProxyPlanNodeNotApplied"]["labels"],
+                         {"severity": "critical", "team": "network"})
+        self.assertIn("> 300", alerts["ProxyPlanNodeNotApplied"]["expr"])
+        self.assertIn('{namespace="kube-system", pod=~"proxyplan-agent-.*"}',
+                      alerts["ProxyPlanNodeNotApplied"]["expr"])
+        self.assertIn("[1h]) > 0", alerts["ProxyPlanDegraded"]["expr"])
+        self.assertTrue(alerts["ProxyPlanProgrammingLatencyHigh"]["expr"].endswith("> 2.5"))
+        self.assertIn('{job="pp-controller"}', alerts["ProxyPlanControllerNoLeader"]["expr"])
+        # A group whose alerts are all off is left out.
+        off = {name: {"enabled": False} for name in ("controllerNoLeader", "controllerWriteErrors")}
+        rule = find(render({"metrics": {"prometheusRule": {"enabled": True, "alerts": off}}}),
+                    "PrometheusRule")
+        self.assertEqual([g["name"] for g in rule["spec"]["groups"]], ["proxyplan-agent"])
+
+    def dashboard(self, objects: list[dict] | None = None) -> tuple[dict, dict]:
+        cm = find(objects or self.objects, "ConfigMap", "proxyplan-dashboard")
+        return cm, json.loads(cm["data"]["proxyplan.json"])
+
+    def test_dashboard_configmap(self) -> None:
+        cm, board = self.dashboard()
+        self.assertEqual(cm["metadata"]["namespace"], NAMESPACE)
+        self.assertEqual(cm["metadata"]["labels"]["grafana_dashboard"], "1")
+        self.assertEqual(board, json.loads((CHART / "dashboards" / "proxyplan.json").read_text()))
+        self.assertEqual(board["uid"], "proxyplan")
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        self.assertEqual(variables["datasource"]["type"], "datasource")
+        self.assertEqual(variables["datasource"]["query"], "prometheus")
+        self.assertIn("instance", variables)
+        self.assertIn("$job", variables["instance"]["definition"])
+        for panel in board["panels"]:
+            if panel["type"] == "row":
+                continue
+            self.assertEqual(panel["datasource"]["uid"], "${datasource}", panel["title"])
+            for target in panel["targets"]:
+                self.assertEqual(target["datasource"]["uid"], "${datasource}", panel["title"])
+                # Agent series follow the job and node variables (kube-proxy, scraped
+                # beside the agents during a migration, has the same kubeproxy_* names);
+                # the controller's follow its job variable.
+                names = metric_names(target["expr"])
+                self.assertTrue(names, panel["title"])
+                matchers = re.findall(r"\{([^{}]*)\}", target["expr"])
+                self.assertEqual(len(matchers), len(re.findall(r"[a-z_]+\{", target["expr"])))
+                if all(n.startswith("proxyplan_controller_") for n in names):
+                    wanted = ['job=~"$controller_job"']
+                else:
+                    wanted = ['job=~"$job"', 'instance=~"$instance"']
+                for matcher in matchers:
+                    for w in wanted:
+                        self.assertIn(w, matcher, f"{panel['title']}: {target['expr']}")
+        ids = [p["id"] for p in board["panels"]]
+        self.assertEqual(len(ids), len(set(ids)))
+
+    def test_dashboard_metric_names_in_readme(self) -> None:
+        _, board = self.dashboard()
+        queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        for variable in board["templating"]["list"]:
+            if variable["type"] == "query":
+                match = re.fullmatch(r"label_values\((.*), *\w+\)", variable["definition"])
+                self.assertTrue(match, variable["definition"])
+                queries.append(match.group(1))
+        seen = set()
+        for query in queries:
+            for metric in metric_names(query):
+                self.assertTrue(in_readme(metric, self.readme),
+                                f"{metric} (in {query}) is not in README's metric lists")
+                seen.add(re.sub(r"_(bucket|sum|count)$", "", metric))
+        for wanted in (
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "kubeproxy_network_programming_duration_seconds",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "proxyplan_agent_sync_errors_total",
+            "proxyplan_agent_invalid_plans_total",
+            "proxyplan_agent_rules",
+            "proxyplan_agent_endpoints",
+            "proxyplan_agent_service_ports",
+            "proxyplan_controller_objects_written_total",
+            "proxyplan_controller_write_errors_total",
+            "proxyplan_controller_compute_duration_seconds",
+            "proxyplan_controller_is_leader",
+        ):
+            self.assertIn(wanted, seen)
+        self.assertTrue(any("kubeproxy_network_programming_duration_seconds_bucket" in q
+                            and q.startswith("histogram_quantile(0.5,") for q in queries))
+        self.assertTrue(any("kubeproxy_network_programming_duration_seconds_bucket" in q
+                            and q.startswith("histogram_quantile(0.99,") for q in queries))
+
+    def test_dashboard_label_and_namespace(self) -> None:
+        objects = render({"metrics": {"dashboard": {
+            "enabled": True, "label": "grafana.io/dashboard", "labelValue": "proxy",
+            "namespace": "monitoring", "annotations": {"grafana_folder": "Networking"}}}})
+        cm, _ = self.dashboard(objects)
+        self.assertEqual(cm["metadata"]["labels"]["grafana.io/dashboard"], "proxy")
+        self.assertNotIn("grafana_dashboard", cm["metadata"]["labels"])
+        self.assertEqual(cm["metadata"]["namespace"], "monitoring")
+        self.assertEqual(cm["metadata"]["annotations"], {"grafana_folder": "Networking"})
+
+
 class Schema(unittest.TestCase):
     def test_rejects_bad_values(self) -> None:
         bad = [
@@ -521,6 +899,18 @@ class Schema(unittest.TestCase):
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},
             {"controller": {"minSyncInterval": "soon"}},
             {"controller": {"replica": 2}},
+            {"metrics": {"podMonitor": {"interval": "soon"}}},
+            {"metrics": {"podMonitor": {"enable": True}}},
+            {"metrics": {"prometheusRule": {"alerts": {"nodeNotApplied": {"for": "5 minutes"}}}}},
+            {"metrics": {"prometheusRule": {"alerts": {"degraded": {"severity": ""}}}}},
+            {"metrics": {"prometheusRule": {"alerts": {
+                "programmingLatencyHigh": {"thresholdSeconds": 0}}}}},
+            {"metrics": {"prometheusRule": {"alerts": {
+                "programmingLatencyHigh": {"thresholdSeconds": "1s"}}}}},
+            {"metrics": {"prometheusRule": {"alerts": {"nodeDown": {"enabled": True}}}}},
+            {"metrics": {"prometheusRule": {"agentSelector": '{job="x"}'}}},
+            {"metrics": {"dashboard": {"label": "not a label"}}},
+            {"metrics": {"dashboard": {"labelValue": 1}}},
         ]
         with helm.Chart.load(CHART) as chart:
             for values in bad:
@@ -532,6 +922,7 @@ class Schema(unittest.TestCase):
         with helm.Chart.load(CHART) as chart:
             chart.validate_schema({})
             chart.validate_schema(OVERRIDES)
+            chart.validate_schema(MONITORING)
 
 
 class Lint(unittest.TestCase):
@@ -547,6 +938,9 @@ class Lint(unittest.TestCase):
 
     def test_lint_overrides(self) -> None:
         self.check(OVERRIDES)
+
+    def test_lint_monitoring(self) -> None:
+        self.check(MONITORING)
 
 
 def main() -> int:

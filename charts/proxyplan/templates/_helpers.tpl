@@ -93,3 +93,53 @@ The agent flags about the node itself (conntrack sysctls, localhost node ports),
 - --iptables-localhost-nodeports
 {{- end }}
 {{- end -}}
+
+{{/*
+"true" when the agent's /metrics listens beyond loopback (agent.metrics.bindAddress), so
+Prometheus can scrape it: the agent runs on the host network, where 127.0.0.0/8 and ::1
+are the node's own loopback.
+*/}}
+{{- define "proxyplan.agentMetricsScrapeable" -}}
+{{- $addr := .Values.agent.metrics.bindAddress | trimPrefix "[" | trimSuffix "]" -}}
+{{- if not (or (hasPrefix "127." $addr) (eq $addr "::1") (eq $addr "localhost")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* PromQL label matchers of the agents' series in the alert rules. */}}
+{{- define "proxyplan.agentSelector" -}}
+{{- $default := printf "job=%q" (printf "%s/%s" .Release.Namespace (include "proxyplan.agent.fullname" .)) -}}
+{{- default $default .Values.metrics.prometheusRule.agentSelector -}}
+{{- end -}}
+
+{{/* PromQL label matchers of the controller's series in the alert rules. */}}
+{{- define "proxyplan.controllerSelector" -}}
+{{- $default := printf "job=%q" (printf "%s/%s" .Release.Namespace (include "proxyplan.controller.fullname" .)) -}}
+{{- default $default .Values.metrics.prometheusRule.controllerSelector -}}
+{{- end -}}
+
+{{/* The relabelings and scrape settings both PodMonitor endpoints share. */}}
+{{- define "proxyplan.podMetricsEndpoint" -}}
+{{- $m := .Values.metrics.podMonitor -}}
+- port: metrics
+  path: /metrics
+  scheme: http
+  {{- with $m.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $m.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  relabelings:
+    # The node the pod runs on, for alerts and dashboards that name nodes.
+    - action: replace
+      sourceLabels: [__meta_kubernetes_pod_node_name]
+      targetLabel: node
+    {{- with $m.relabelings }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $m.metricRelabelings }}
+  metricRelabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
