@@ -32,6 +32,24 @@ enum Command {
     /// Exit codes: 0 every object was used; 1 error; 3 some objects were skipped (each is
     /// reported on stderr with the reason).
     Plan(PlanArgs),
+    /// Remove the agents before the rest of the release: delete their DaemonSet with
+    /// foreground propagation and wait until every agent pod is gone (the chart's
+    /// pre-delete hook). Each agent, started with --owner-daemonset, removes everything
+    /// it owns from its node's kernel as it stops, while it may still read the DaemonSet.
+    UninstallAgents(UninstallArgs),
+}
+
+#[derive(Debug, Args)]
+struct UninstallArgs {
+    /// Kubeconfig file; without it, the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The agents' DaemonSet, as NAMESPACE/NAME.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    daemonset: String,
+    /// How long to wait for the agent pods to go.
+    #[arg(long, value_parser = proxyplan_crds::runtime::parse_duration, default_value = "120s")]
+    timeout: Duration,
 }
 
 /// Policy flags shared by `run` and `plan`.
@@ -154,6 +172,7 @@ impl Cli {
         let result = match self.command {
             Command::Plan(args) => plan(&args),
             Command::Run(args) => run_controller(args),
+            Command::UninstallAgents(args) => uninstall_agents(args),
         };
         match result {
             Ok(code) => code,
@@ -297,5 +316,32 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(run::run(settings))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn uninstall_agents(args: UninstallArgs) -> anyhow::Result<ExitCode> {
+    let UninstallArgs {
+        kubeconfig,
+        daemonset,
+        timeout,
+    } = args;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .init();
+    let (namespace, name) = daemonset
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .with_context(|| format!("--daemonset {daemonset:?} is not NAMESPACE/NAME"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = proxyplan_crds::runtime::client(kubeconfig.as_deref()).await?;
+        proxyplan_controller::uninstall::uninstall_agents(client, namespace, name, timeout)
+            .await
+            .map_err(anyhow::Error::from)
+    })?;
     Ok(ExitCode::SUCCESS)
 }

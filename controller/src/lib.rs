@@ -12,6 +12,7 @@ pub mod select;
 pub mod split;
 pub mod state_file;
 pub mod synthetic;
+pub mod uninstall;
 
 pub use config::PlannerConfig;
 pub use planner::{Changes, DesiredObject, ObjectId, Planner};

@@ -97,14 +97,18 @@ class Defaults(unittest.TestCase):
                 [
                     "ServiceAccount",
                     "ServiceAccount",
+                    "ServiceAccount",
                     "ClusterRole",
                     "ClusterRole",
                     "ClusterRoleBinding",
                     "ClusterRoleBinding",
                     "Role",
                     "Role",
+                    "Role",
                     "RoleBinding",
                     "RoleBinding",
+                    "RoleBinding",
+                    "Job",
                     "Deployment",
                     "PodDisruptionBudget",
                     "DaemonSet",
@@ -125,7 +129,7 @@ class Defaults(unittest.TestCase):
     def test_namespaced_objects_in_release_namespace(self) -> None:
         for o in self.objects:
             if o["kind"] in {"ServiceAccount", "Role", "RoleBinding", "Deployment",
-                             "PodDisruptionBudget", "DaemonSet"}:
+                             "PodDisruptionBudget", "DaemonSet", "Job"}:
                 self.assertEqual(o["metadata"].get("namespace"), NAMESPACE, o["kind"])
 
     def test_controller_rbac_least_privilege(self) -> None:
@@ -179,6 +183,44 @@ class Defaults(unittest.TestCase):
         )
         args = container(self.objects, "DaemonSet")["args"]
         self.assertIn(f"--owner-daemonset={NAMESPACE}/proxyplan-agent", args)
+
+    def test_uninstall_hook_removes_the_agents_first(self) -> None:
+        hook = [o for o in self.objects
+                if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
+        self.assertEqual(
+            sorted((o["kind"], o["metadata"]["name"]) for o in hook),
+            [("Job", "proxyplan-uninstall"), ("Role", "proxyplan-uninstall"),
+             ("RoleBinding", "proxyplan-uninstall"), ("ServiceAccount", "proxyplan-uninstall")],
+        )
+        for o in hook:
+            self.assertEqual(
+                o["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+                "before-hook-creation,hook-succeeded",
+            )
+        # Its ServiceAccount and RBAC exist before the Job runs.
+        weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hook}
+        self.assertLess(weights["Role"], weights["Job"])
+        job = find(self.objects, "Job", "proxyplan-uninstall")
+        pod = job["spec"]["template"]["spec"]
+        self.assertEqual(pod["serviceAccountName"], "proxyplan-uninstall")
+        self.assertEqual(pod["restartPolicy"], "Never")
+        self.assertEqual(
+            pod["containers"][0]["args"],
+            ["uninstall-agents", f"--daemonset={NAMESPACE}/proxyplan-agent", "--timeout=120s"],
+        )
+        self.assertIn("proxyplan-controller", pod["containers"][0]["image"])
+        self.assertEqual(
+            rules(find(self.objects, "Role", "proxyplan-uninstall")),
+            expand(("apps", ["daemonsets"], ["get", "delete"]), ("", ["pods"], ["list"])),
+        )
+        self.assertEqual(
+            find(self.objects, "Role", "proxyplan-uninstall")["rules"][0]["resourceNames"],
+            ["proxyplan-agent"],
+        )
+
+    def test_uninstall_hook_can_be_turned_off(self) -> None:
+        objects = render({"uninstall": {"removeAgentRules": False}})
+        self.assertFalse([o for o in objects if o["kind"] == "Job"])
 
     def test_bindings_point_at_their_service_accounts(self) -> None:
         for component in ("controller", "agent"):
