@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The no-cluster demo: example cluster state -> proxyplan-controller plan -> the node's
-# plan -> proxyplan-agent apply (ipvs mode when the kernel has IPVS, else iptables mode)
-# inside a throwaway "node" network
+# plan -> proxyplan-agent apply (the agent's default, --mode auto: nftables mode wherever
+# the kernel takes it, iptables mode otherwise) inside a throwaway "node" network
 # namespace -> real TCP traffic from "pods" and an off-cluster client to real backends.
 #
 # Run as root on Linux: bash examples/demo.sh
@@ -19,7 +19,7 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 missing=()
-for pair in ip:iproute2 iptables:iptables socat:socat conntrack:conntrack; do
+for pair in ip:iproute2 iptables:iptables socat:socat conntrack:conntrack nft:nftables; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -33,15 +33,10 @@ cargo build --quiet --locked -p proxyplan-controller -p proxyplan-agent
 controller=$PWD/target/debug/proxyplan-controller
 agent=$PWD/target/debug/proxyplan-agent
 state=examples/cluster.yaml
-# ipvs mode (the default) needs IPVS and the dummy interface in the kernel; without them
-# the demo uses iptables mode. MODE=iptables or MODE=ipvs chooses.
-if [ -z "${MODE:-}" ]; then
-    modprobe -q ip_vs 2>/dev/null || true
-    if [ -e /proc/net/ip_vs ]; then MODE=ipvs; else
-        MODE=iptables
-        echo "== this kernel has no IPVS (no /proc/net/ip_vs): using --mode iptables"
-    fi
-fi
+# The agent's own default: --mode auto (nftables mode where the kernel takes it, else
+# iptables mode), as a newcomer will run it. MODE=nftables, MODE=iptables or MODE=ipvs
+# (needs IPVS and the dummy interface in the kernel) chooses.
+MODE=${MODE:-auto}
 
 tag="pp-demo-$$"
 NODE="$tag-node" EXT="$tag-ext" POD1="$tag-a1" POD2="$tag-b1"
@@ -94,12 +89,22 @@ echo "== proxyplan-controller plan --state $state --node node-a"
 
 echo
 echo "== proxyplan-agent apply --mode $MODE --plan node-a.yaml   (inside $NODE)"
-nsx "$NODE" "$agent" apply --mode "$MODE" --plan "$work/node-a.yaml"
-echo "   $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-') rules in chains PROXYPLAN-*/PP-*"
-if [ "$MODE" = ipvs ] && command -v ipvsadm >/dev/null; then
-    echo "   IPVS virtual servers (ipvsadm -Ln):"
-    nsx "$NODE" ipvsadm -Ln | sed -n '4,$p' | sed 's/^/     /'
-fi
+nsx "$NODE" "$agent" apply --mode "$MODE" --plan "$work/node-a.yaml" 2>&1 | tee "$work/apply.log"
+# The mode the agent ran in (auto says which it chose).
+ran=$(sed -n 's/.*(\([a-z]*\) mode).*/\1/p' "$work/apply.log" | tail -1)
+case "$ran" in
+    nftables)
+        echo "   nftables mode: table ip proxyplan, $(nsx "$NODE" nft list table ip proxyplan | grep -c .) lines as nft lists it; its service map:"
+        nsx "$NODE" nft list map ip proxyplan service-ips | sed -n '/elements/,/}/p' | sed 's/^/     /'
+        ;;
+    ipvs)
+        echo "   IPVS virtual servers (ipvsadm -Ln):"
+        command -v ipvsadm >/dev/null && nsx "$NODE" ipvsadm -Ln | sed -n '4,$p' | sed 's/^/     /'
+        ;;
+    *)
+        echo "   $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-') rules in chains PROXYPLAN-*/PP-*"
+        ;;
+esac
 
 ask() { # netns, address, port -> the backend's answer, or what went wrong
     local out rc
@@ -124,6 +129,6 @@ echo
 echo "== the NodeProxyPlan node-a's agent applied"
 awk '/^---/ {n++} n==1' "$work/node-a.yaml"
 echo
-echo "== proxyplan-agent cleanup --mode $MODE   (inside $NODE)"
-nsx "$NODE" "$agent" cleanup --mode "$MODE"
-echo "   $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-' || true) rules left in chains PROXYPLAN-*/PP-*"
+echo "== proxyplan-agent cleanup   (inside $NODE: whatever every mode left)"
+nsx "$NODE" "$agent" cleanup
+echo "   left: $(nsx "$NODE" iptables-save | grep -c -- '-A PP-\|-A PROXYPLAN-' || true) rules in chains PROXYPLAN-*/PP-*, $(nsx "$NODE" nft list tables | grep -c proxyplan || true) proxyplan nf_tables tables"

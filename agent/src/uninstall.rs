@@ -64,8 +64,9 @@ impl std::fmt::Display for OwnerDaemonSet {
     }
 }
 
-/// Empties the state directory of what the agent wrote there (the directory itself is the
-/// node's: a hostPath the kubelet created, and a mount point here).
+/// Removes the state directory and what the agent wrote in it. When the directory is a
+/// mount point (a hostPath mounted there) only its contents go; the chart mounts
+/// `/run/proxyplan` and gives each node's agent `/run/proxyplan/NODE`, which goes whole.
 pub fn remove_state(dir: &Path) {
     if dir.as_os_str().is_empty() {
         return;
@@ -80,10 +81,17 @@ pub fn remove_state(dir: &Path) {
         } else {
             std::fs::remove_file(&path)
         };
-        match removed {
-            Ok(()) => tracing::info!(path = %path.display(), "removed"),
-            Err(err) => tracing::warn!(path = %path.display(), %err, "cannot remove"),
+        if let Err(err) = removed {
+            tracing::warn!(path = %path.display(), %err, "cannot remove");
         }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => tracing::info!(path = %dir.display(), "removed the state directory"),
+        Err(err) => tracing::info!(
+            path = %dir.display(),
+            %err,
+            "emptied the state directory (it is a mount point, left in place)"
+        ),
     }
 }
 

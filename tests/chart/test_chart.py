@@ -383,7 +383,7 @@ class Defaults(unittest.TestCase):
         # The health-check record outlives the pod, not the node's boot (/run is a tmpfs).
         state = volumes[mounts["/run/proxyplan"]["name"]]
         self.assertEqual(state["hostPath"], {"path": "/run/proxyplan", "type": "DirectoryOrCreate"})
-        self.assertIn("--state-dir=/run/proxyplan", container(self.objects, "DaemonSet")["args"])
+        self.assertIn("--state-dir=/run/proxyplan/$(NODE_NAME)", container(self.objects, "DaemonSet")["args"])
 
     def test_agent_env_probes_ports(self) -> None:
         c = container(self.objects, "DaemonSet")
