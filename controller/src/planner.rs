@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 use proxyplan_crds::{
     LocalTrafficDetection, LocalTrafficMode, MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan,
-    NodeProxyPlanSpec, SERVICE_LABEL, ServiceProxyPlan, ServiceProxyPlanSpec,
+    NodeProxyPlanSpec, SERVICE_LABEL, ServicePlanSummary, ServiceProxyPlan, ServiceProxyPlanSpec,
     TRIGGER_TIME_ANNOTATION, revision_of,
 };
 
@@ -707,9 +707,11 @@ impl Planner {
             .enumerate()
             .map(|(part, service_ports)| {
                 let id = ObjectId::Service(key.clone(), u32::try_from(part).unwrap_or(u32::MAX));
+                let summary = Some(ServicePlanSummary::of(&service_ports));
                 let mut spec = ServiceProxyPlanSpec {
                     revision: String::new(),
                     service_ports,
+                    summary,
                 };
                 spec.revision = revision_of(&spec);
                 let mut object = ServiceProxyPlan::new(&id.name(), spec);

@@ -208,7 +208,11 @@ pub struct NodeProxyPlanStatus {
     kind = "ServiceProxyPlan",
     namespaced,
     shortname = "spp",
-    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
+    printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".spec.summary.ports"}"#,
+    printcolumn = r#"{"name":"Cluster-IPs","type":"string","jsonPath":".spec.summary.clusterIPs"}"#,
+    printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".spec.summary.endpoints"}"#,
+    printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".spec.summary.policy"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -220,6 +224,77 @@ pub struct ServiceProxyPlanSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4096))]
     pub service_ports: Vec<ServicePortPlan>,
+    /// What `kubectl get serviceproxyplans` shows of these entries. Derived from them by
+    /// the controller; the agent never reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ServicePlanSummary>,
+}
+
+/// A person's view of a Service plan's entries: its ports, addresses, how many endpoints
+/// serve it and under which policies (the columns of `kubectl get serviceproxyplans`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePlanSummary {
+    /// Each service port once, as `port/PROTOCOL`, with `:nodePort` when it has one.
+    #[schemars(length(max = 1024))]
+    pub ports: String,
+    /// The cluster IPs (one per family).
+    #[serde(rename = "clusterIPs")]
+    #[schemars(length(max = 128))]
+    pub cluster_ips: String,
+    /// Distinct endpoint addresses in the cluster lists: what serves the Service.
+    pub endpoints: u32,
+    /// `Cluster` or `Local` for internal traffic, and for external traffic after a `/`
+    /// when the Service has any; `, no endpoints: Reject` (or `Drop`) when it has none.
+    #[schemars(length(max = 128))]
+    pub policy: String,
+}
+
+impl ServicePlanSummary {
+    /// The summary of `entries`.
+    #[must_use]
+    pub fn of(entries: &[ServicePortPlan]) -> Self {
+        let mut ports: Vec<String> = Vec::new();
+        let mut ips: Vec<&str> = Vec::new();
+        let mut endpoints = std::collections::BTreeSet::new();
+        for entry in entries {
+            let port = match entry.node_port {
+                Some(node_port) => format!("{}:{node_port}/{:?}", entry.port, entry.protocol),
+                None => format!("{}/{:?}", entry.port, entry.protocol),
+            };
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+            if !ips.contains(&entry.cluster_ip.as_str()) {
+                ips.push(&entry.cluster_ip);
+            }
+            endpoints.extend(entry.cluster_endpoints.iter().map(|e| e.ip.as_str()));
+        }
+        let policy = entries.first().map_or_else(String::new, |entry| {
+            let name = |p: TrafficPolicy| match p {
+                TrafficPolicy::Cluster => "Cluster",
+                TrafficPolicy::Local => "Local",
+            };
+            let mut text = name(entry.internal.policy).to_owned();
+            if let Some(external) = &entry.external {
+                text.push('/');
+                text.push_str(name(external.policy));
+            }
+            if endpoints.is_empty() {
+                text.push_str(match entry.internal.when_empty {
+                    EmptyAction::Reject => ", no endpoints: Reject",
+                    EmptyAction::Drop => ", no endpoints: Drop",
+                });
+            }
+            text
+        });
+        Self {
+            ports: ports.join(","),
+            cluster_ips: ips.join(","),
+            endpoints: u32::try_from(endpoints.len()).unwrap_or(u32::MAX),
+            policy,
+        }
+    }
 }
 
 /// One service port of one IP family, fully decided: what to capture, where to send it,

@@ -5,8 +5,9 @@
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
     MasqueradePlan, MergeCache, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec, PlanError, PlanRef,
-    Protocol, ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec, TrafficPlan, TrafficPolicy,
-    ZoneEndpoints, merge, merge_cached, merge_owned, merge_refs, merge_update, object_key,
+    Protocol, ServicePlanSummary, ServicePortPlan, ServiceProxyPlan, ServiceProxyPlanSpec,
+    TrafficPlan, TrafficPolicy, ZoneEndpoints, merge, merge_cached, merge_owned, merge_refs,
+    merge_update, object_key,
 };
 use std::sync::Arc;
 
@@ -82,6 +83,7 @@ fn service(name: &str, entries: Vec<ServicePortPlan>) -> ServiceProxyPlan {
         ServiceProxyPlanSpec {
             revision: format!("{name}-rev"),
             service_ports: entries,
+            summary: None,
         },
     );
     object.metadata.namespace = Some("default".into());
@@ -757,4 +759,43 @@ fn an_unchanged_override_of_an_unchanged_entry_is_the_same_allocation() {
     // A new version of the node plan is applied again.
     let third = merge_cached(&with_overlay("8", 81), &objects, &mut cache).expect("merges");
     assert_eq!(find(&third, KEY).cluster_endpoints, [ep("10.0.0.2", 81)]);
+}
+
+/// The columns `kubectl get serviceproxyplans` shows: every port once (node port after a
+/// colon), the cluster IPs, the distinct endpoint addresses, the policies, and what
+/// happens without endpoints.
+#[test]
+fn summary_is_what_a_person_looks_for_first() {
+    let mut http = entry(
+        "web",
+        "http",
+        "10.96.0.10",
+        vec![ep("10.244.1.5", 8080), ep("10.244.2.5", 8080)],
+    );
+    http.node_port = Some(30080);
+    http.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Local,
+        when_empty: EmptyAction::Drop,
+    });
+    let mut metrics = entry("web", "metrics", "10.96.0.10", vec![ep("10.244.1.5", 9090)]);
+    metrics.port = 9090;
+    metrics.protocol = Protocol::UDP;
+    let mut v6 = entry("web", "http", "fd00::10", vec![ep("fd00:244::5", 8080)]);
+    v6.family = IpFamily::IPv6;
+    v6.node_port = Some(30080);
+    let summary = ServicePlanSummary::of(&[http, metrics, v6]);
+    assert_eq!(
+        summary,
+        ServicePlanSummary {
+            ports: "80:30080/TCP,9090/UDP".into(),
+            cluster_ips: "10.96.0.10,fd00::10".into(),
+            endpoints: 3,
+            policy: "Cluster/Local".into(),
+        }
+    );
+    let empty = ServicePlanSummary::of(&[entry("empty", "http", "10.96.0.14", vec![])]);
+    assert_eq!(
+        (empty.endpoints, empty.policy.as_str()),
+        (0, "Cluster, no endpoints: Reject")
+    );
 }

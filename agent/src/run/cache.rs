@@ -573,6 +573,7 @@ mod tests {
                         .unwrap()
                     })
                     .collect(),
+                summary: None,
             },
         );
         object.metadata.namespace = Some("demo".to_owned());

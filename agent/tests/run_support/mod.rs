@@ -795,6 +795,7 @@ pub fn mk_service(name: &str, revision: &str, entries: Vec<ServicePortPlan>) -> 
         ServiceProxyPlanSpec {
             revision: revision.to_owned(),
             service_ports: entries,
+            summary: None,
         },
     );
     object.metadata.namespace = Some("default".to_owned());
