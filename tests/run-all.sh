@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace: formatting, lints, then all tests, among
 # them the end-to-end and fault suites against a real kube-apiserver (each starts its own
-# from ../shared/k8s), the traffic suite again in nftables mode and, in a throwaway VM,
-# the ipvs mode. This is README's test
+# from ../shared/k8s), the traffic suite again in nftables mode, in a throwaway VM the
+# ipvs mode, and last the project's images and chart in a real three-node cluster. This is README's test
 # command: it installs what it needs first (tests/setup.sh), so it alone works on a fresh
 # Debian machine, as root.
 set -euo pipefail
@@ -13,8 +13,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== helm chart"
+echo "== helm chart, and the image builder's reading of the Dockerfiles"
 python3 tests/chart/test_chart.py
+python3 tests/cluster/test_images.py
 # The end-to-end and fault suites run the real binaries, which `cargo test` does not build.
 echo "== cargo build --bins"
 cargo build --workspace --bins --locked
@@ -45,6 +46,12 @@ else
         cargo test --locked -p proxyplan-agent --test traffic --test ipvs_kernel \
         -- --include-ignored --skip legacy_backend --test-threads 2 2>&1 | tee -a "$log" || status=$?
 fi
+# A real three-node cluster (../shared/k8s/cluster.sh): the images built from the
+# Dockerfiles, the chart installed as helm does it, the upstream Services conformance specs
+# in nftables and iptables mode, and upgrades, mode switches, failover, migration from
+# kube-proxy and back, and uninstall, each under traffic (tests/cluster/cluster_test.py).
+echo "== the cluster tests (3 nodes, chart-installed, conformance, operations under traffic)"
+python3 tests/cluster/cluster_test.py 2>&1 | tee -a "$log" || status=$?
 # One closing line for the whole run: the sum of every test binary's result line.
 awk '/^test result:/ {
         for (i = 1; i <= NF; i++) {

@@ -39,6 +39,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# kubectl for the cluster tests (the upstream conformance specs run `kubectl exec`). This
+# machine's image carries a current one; Debian's own is old (1.20) but does what the
+# tests ask of it, so it is the fallback on a machine without one.
+if ! command -v kubectl >/dev/null; then
+    echo "== setup: no kubectl on PATH; installing Debian's kubernetes-client"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
+fi
+
 # The Helm engine (offline render and lint, no helm binary) for the chart test.
 if ! python3 -c 'import helm_python, yaml' 2>/dev/null; then
     echo "== setup: installing helm-python-sdk and pyyaml"
