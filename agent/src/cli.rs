@@ -294,9 +294,13 @@ struct RunArgs {
     /// Kubeconfig file; without it, the in-cluster service account (or $KUBECONFIG).
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// Minimum time between two syncs: changes arriving faster are coalesced into one.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
-    min_sync_interval: Duration,
+    /// Minimum time between two change-driven syncs: changes arriving faster are
+    /// coalesced into one. Default: 1s in iptables mode (each sync re-reads and replaces
+    /// the tables), 0 in nftables and ipvs modes (a change is programmed as soon as it
+    /// arrives; changes that arrive during a sync go together in the next). The periodic
+    /// resync never makes a change wait for this interval.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    min_sync_interval: Option<Duration>,
     /// Time between periodic resyncs; each checks the canary chain and restores rules
     /// removed by someone else. /healthz fails when a change waits twice this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
@@ -589,6 +593,10 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     if let Some(why) = why {
         tracing::info!("{why}");
     }
+    let min_sync_interval = min_sync_interval.unwrap_or(match mode {
+        ProxyMode::Iptables => Duration::from_secs(1),
+        ProxyMode::Nftables | ProxyMode::Ipvs => Duration::ZERO,
+    });
     let every_mode = dataplane_args.clone();
     let (dataplane, done) =
         dataplane_args.dataplane_leaving_others(mode, render, |line| tracing::info!("{line}"));

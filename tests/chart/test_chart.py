@@ -404,12 +404,13 @@ class Defaults(unittest.TestCase):
             "--iptables-backend=auto",
             "--masquerade-bit=13",
             "--sync-period=30s",
-            "--min-sync-interval=1s",
             "--healthz-bind-address=0.0.0.0:10256",
             "--metrics-bind-address=127.0.0.1:10249",
         ):
             self.assertIn(flag, args)
         self.assertFalse([a for a in args if a.startswith("--nodeport-addresses")])
+        # The agent's own default for its mode (1s in iptables mode, 0 otherwise).
+        self.assertFalse([a for a in args if a.startswith("--min-sync-interval")])
 
     def test_controller_deployment(self) -> None:
         deploy = find(self.objects, "Deployment")
@@ -445,7 +446,7 @@ class Defaults(unittest.TestCase):
         self.assertFalse([a for a in args if a.startswith("--cluster-cidr")])
         for flag in (
             "--detect-local-mode=ClusterCIDR",
-            "--min-sync-interval=1s",
+            "--min-sync-interval=0s",
             f"--leader-election-namespace={NAMESPACE}",
         ):
             self.assertIn(flag, args)

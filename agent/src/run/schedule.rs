@@ -76,14 +76,18 @@ impl SyncSchedule {
     /// Records that a sync of `kind` starts at `now`: pending changes are taken. A
     /// periodic sync moves the deadline on by whole periods (periodic syncs keep to a
     /// fixed grid, so one that started late, behind a change-driven sync, does not
-    /// delay the next; ticks missed while a sync ran are skipped); a change-driven sync
-    /// leaves it where it is.
+    /// delay the next; ticks missed while a sync ran are skipped) and leaves the minimum
+    /// interval alone: a change that arrives right after it goes at once, instead of
+    /// waiting out an interval no burst asked for. A change-driven sync starts the
+    /// minimum interval and leaves the periodic deadline where it is.
     pub fn started(&mut self, kind: SyncKind, now: Instant) {
         self.dirty = false;
-        self.last_start = Some(now);
-        if kind == SyncKind::Periodic {
-            while self.next_periodic <= now {
-                self.next_periodic += self.period;
+        match kind {
+            SyncKind::Change => self.last_start = Some(now),
+            SyncKind::Periodic => {
+                while self.next_periodic <= now {
+                    self.next_periodic += self.period;
+                }
             }
         }
     }
@@ -179,6 +183,24 @@ mod tests {
         );
     }
 
+    /// The worst change used to be the one right after a periodic resync: it waited out
+    /// the minimum interval (up to 1 s), behind a sync no burst had asked for.
+    #[test]
+    fn a_change_right_after_a_periodic_sync_goes_at_once() {
+        let t0 = Instant::now();
+        let mut s = SyncSchedule::new(MIN, PERIOD, t0);
+        s.started(SyncKind::Periodic, t0 + PERIOD);
+        s.succeeded();
+        let t1 = t0 + PERIOD + Duration::from_millis(10);
+        s.changed();
+        assert_eq!(s.next(true, t1), (t1, SyncKind::Change));
+        // A burst still waits for the minimum interval after the change sync.
+        s.started(SyncKind::Change, t1);
+        s.succeeded();
+        s.changed();
+        assert_eq!(s.next(true, t1), (t1 + MIN, SyncKind::Change));
+    }
+
     #[test]
     fn a_periodic_sync_puts_the_next_one_a_period_away() {
         let t0 = Instant::now();
@@ -249,9 +271,12 @@ mod tests {
         }
         // 16 s after t=15 is past the periodic sync at t=30, which retries as well.
         assert_eq!(delays, [1, 2, 4, 8, 15, 30, 30]);
+        // The last retry was the periodic sync, which starts no minimum interval.
+        assert_eq!(kind, SyncKind::Periodic);
         s.started(kind, now);
         s.succeeded();
         s.changed();
-        assert_eq!(s.next(true, now), (now + MIN, SyncKind::Change));
+        let (at, next) = s.next(true, now);
+        assert!(at <= now && next == SyncKind::Change, "{at:?} {next:?}");
     }
 }
