@@ -549,9 +549,10 @@ async fn main() {
 
     let ms = |v: &mut Vec<f64>| {
         format!(
-            "{:.1} / {:.1} / {:.1} ms",
+            "{:.1} / {:.1} / {:.1} / {:.1} ms",
             quantile(v, 0.5),
             quantile(v, 0.9),
+            quantile(v, 0.99),
             quantile(v, 1.0)
         )
     };
@@ -588,7 +589,7 @@ async fn main() {
         ),
         Row(
             format!(
-                "change latency, PATCH returned -> kernel updated (median / p90 / max of {changes})"
+                "change latency, PATCH returned -> kernel updated (median / p90 / p99 / max of {changes})"
             ),
             ms(&mut total),
         ),

@@ -179,8 +179,10 @@ def build_images(work: Path) -> dict[str, Path]:
     for name, (dockerfile, bins, tags) in plans.items():
         tarball = work / f"{name}.tar"
         argv = [sys.executable, str(images), "--dockerfile", str(ROOT / dockerfile),
-                "--binaries", str(bins), "--build-arg", "CARGO_PROFILE=dev", "--out",
-                str(tarball)]
+                "--binaries", str(bins), "--out", str(tarball)]
+        if name in ("agent", "controller"):
+            # the Dockerfiles' build argument for what cargo built here: target/debug
+            argv += ["--build-arg", "CARGO_PROFILE=dev"]
         for tag in tags:
             argv += ["--tag", f"{REGISTRY}/{tag}"]
         run(argv, timeout=1200)
