@@ -205,6 +205,20 @@ impl Tables<'_> {
         })
     }
 
+    /// Whether the agent's rules are there: the canary chain in either family's `nat`
+    /// table (iptables and ipvs modes both declare it), read from the kernel.
+    ///
+    /// # Errors
+    /// As [`Tables::has_chain`].
+    pub fn hold_canary(&self) -> Result<bool, DataplaneError> {
+        for family in Family::ALL {
+            if self.has_chain(family, TableName::Nat, super::names::CANARY)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Whether `table` of `family` has the chain `chain` (`iptables -S CHAIN`).
     ///
     /// # Errors

@@ -32,7 +32,6 @@ use crate::dataplane::{Dataplane, DataplaneError, REPORT_TEXT_LIMIT, SyncReport}
 use crate::kernel::command::Runner;
 use crate::kernel::family::Family;
 use crate::kernel::iptables::{Backend, BackendChoice, LOCK_WAIT, Tool};
-use crate::ruleset::rules::TableName;
 use crate::ruleset::save::{KernelChains, KernelFamily};
 use crate::ruleset::tables::Tables;
 
@@ -554,15 +553,7 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
 
     /// The canary chain in either family's `nat` table.
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
-        for family in Family::ALL {
-            if self
-                .tables()
-                .has_chain(family, TableName::Nat, crate::ruleset::names::CANARY)?
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.tables().hold_canary()
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {

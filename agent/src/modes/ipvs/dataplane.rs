@@ -725,15 +725,7 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
 
     /// The canary chain in either family's `nat` table.
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
-        for family in Family::ALL {
-            if self
-                .tables()
-                .has_chain(family, TableName::Nat, crate::ruleset::names::CANARY)?
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.tables().hold_canary()
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
