@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::batch::Transaction;
 use super::error::NftCodecError;
+use super::monitor::NftMonitor;
 use super::objects::{
     Chain, ElementRef, Rule, Set, decode_elements, dump_elements_request, dump_request,
     get_table_request, split,
@@ -87,6 +88,18 @@ pub trait NftKernel {
     /// # Errors
     /// When the kernel could not be asked or did not answer.
     fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
+
+    /// Whether anyone but this handle changed the table `name` (of any family) since the
+    /// last call; `None` when that cannot be told (the first call, which starts
+    /// listening; announcements lost; a kernel that does not announce): then only a read
+    /// of the table says.
+    ///
+    /// # Errors
+    /// When nf_tables cannot be asked.
+    fn changed_by_others(&mut self, name: &str) -> Result<Option<bool>, DataplaneError> {
+        let _ = name;
+        Ok(None)
+    }
 }
 
 /// nf_tables over netlink, in the calling thread's namespace or a named one.
@@ -94,6 +107,8 @@ pub trait NftKernel {
 pub struct NetlinkNft {
     socket: Option<NftNetlink>,
     netns: Option<PathBuf>,
+    /// Hears every commit once the first [`NftKernel::changed_by_others`] opened it.
+    monitor: Option<NftMonitor>,
 }
 
 fn io_error(what: &str) -> impl FnOnce(io::Error) -> DataplaneError + '_ {
@@ -127,6 +142,7 @@ impl NetlinkNft {
         Ok(Self {
             socket: Some(socket),
             netns: Some(path),
+            monitor: None,
         })
     }
 
@@ -266,5 +282,37 @@ impl NftKernel for NetlinkNft {
             self.socket = None;
         }
         result.map_err(io_error("sending an nf_tables transaction"))
+    }
+
+    fn changed_by_others(&mut self, name: &str) -> Result<Option<bool>, DataplaneError> {
+        let own = self
+            .socket()?
+            .port()
+            .map_err(io_error("reading the nf_tables socket's port"))?;
+        let Some(monitor) = self.monitor.as_mut() else {
+            // Listening starts now: what happened before is unknown.
+            let opened = match &self.netns {
+                Some(path) => in_namespace(path, NftMonitor::open),
+                None => NftMonitor::open(),
+            };
+            match opened {
+                Ok(monitor) => self.monitor = Some(monitor),
+                Err(err) => {
+                    tracing::debug!(%err, "cannot listen for nf_tables announcements");
+                }
+            }
+            return Ok(None);
+        };
+        match monitor.drain(own, name) {
+            Ok(seen) if seen.lost => Ok(None),
+            Ok(seen) => Ok(Some(seen.changed_by_others)),
+            Err(err) => {
+                self.monitor = None;
+                Err(DataplaneError::io(
+                    "reading nf_tables announcements".to_owned(),
+                    err,
+                ))
+            }
+        }
     }
 }

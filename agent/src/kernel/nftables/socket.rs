@@ -109,6 +109,15 @@ impl NftNetlink {
         })
     }
 
+    /// The socket's netlink port: the sender the kernel names in the announcements of
+    /// its commits.
+    ///
+    /// # Errors
+    /// When the socket's address cannot be read.
+    pub fn port(&self) -> io::Result<u32> {
+        super::monitor::port_of(&self.socket)
+    }
+
     fn next_seqs(&mut self, n: usize) -> u32 {
         let first = self.seq.wrapping_add(1).max(1);
         self.seq = first.wrapping_add(n as u32);

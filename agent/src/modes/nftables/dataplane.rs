@@ -571,7 +571,15 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
         let Some(known) = self.generation else {
             return Ok(true);
         };
-        if self.kernel.generation()? == known {
+        let now = self.kernel.generation()?;
+        if now == known {
+            return Ok(true);
+        }
+        // Someone committed. The announcements say whether to this table; only when
+        // they cannot tell is the table read back (0.7 to 0.9 s at 10,000 Services, with
+        // changes waiting behind it).
+        if self.kernel.changed_by_others(names::TABLE)? == Some(false) {
+            self.generation = Some(now);
             return Ok(true);
         }
         for family in Family::ALL {
