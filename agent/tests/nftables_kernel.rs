@@ -149,8 +149,12 @@ impl NftKernel for Counting {
         self.inner.commit(transaction)
     }
 
-    fn changed_by_others(&mut self, name: &str) -> Result<Option<bool>, DataplaneError> {
-        self.inner.changed_by_others(name)
+    fn changed_by_others(
+        &mut self,
+        name: &str,
+        generation: u32,
+    ) -> Result<Option<bool>, DataplaneError> {
+        self.inner.changed_by_others(name, generation)
     }
 }
 

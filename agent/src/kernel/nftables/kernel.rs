@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::batch::Transaction;
 use super::error::NftCodecError;
-use super::monitor::NftMonitor;
+use super::monitor::{Heard, NftMonitor};
 use super::objects::{
     Chain, ElementRef, Rule, Set, decode_elements, dump_elements_request, dump_request,
     get_table_request, split,
@@ -89,15 +89,20 @@ pub trait NftKernel {
     /// When the kernel could not be asked or did not answer.
     fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
 
-    /// Whether anyone but this handle changed the table `name` (of any family) since the
-    /// last call; `None` when that cannot be told (the first call, which starts
-    /// listening; announcements lost; a kernel that does not announce): then only a read
-    /// of the table says.
+    /// Whether anyone but this handle changed the table `name` (of any family) in the
+    /// commits up to `generation` since the last call that answered; `None` when that
+    /// cannot be told (the first call, which starts listening; announcements lost or not
+    /// all arrived yet; this handle's socket replaced; a kernel that does not announce):
+    /// then only a read of the table says.
     ///
     /// # Errors
     /// When nf_tables cannot be asked.
-    fn changed_by_others(&mut self, name: &str) -> Result<Option<bool>, DataplaneError> {
-        let _ = name;
+    fn changed_by_others(
+        &mut self,
+        name: &str,
+        generation: u32,
+    ) -> Result<Option<bool>, DataplaneError> {
+        let _ = (name, generation);
         Ok(None)
     }
 }
@@ -108,7 +113,19 @@ pub struct NetlinkNft {
     socket: Option<NftNetlink>,
     netns: Option<PathBuf>,
     /// Hears every commit once the first [`NftKernel::changed_by_others`] opened it.
-    monitor: Option<NftMonitor>,
+    monitor: Option<Listening>,
+    /// What the monitor heard since the last answer.
+    heard: Heard,
+}
+
+/// The monitor, with what its answers are about.
+#[derive(Debug)]
+struct Listening {
+    monitor: NftMonitor,
+    /// The port of this handle's socket when it opened: commits from it are ours.
+    port: u32,
+    /// The table whose changes by others it notes.
+    table: String,
 }
 
 fn io_error(what: &str) -> impl FnOnce(io::Error) -> DataplaneError + '_ {
@@ -143,6 +160,7 @@ impl NetlinkNft {
             socket: Some(socket),
             netns: Some(path),
             monitor: None,
+            heard: Heard::default(),
         })
     }
 
@@ -281,38 +299,74 @@ impl NftKernel for NetlinkNft {
         if result.is_err() {
             self.socket = None;
         }
+        // The commit's own announcements (one per element) go now, not at the next
+        // check, so the monitor's buffer holds only what others do meanwhile.
+        let _ = self.drain_announcements();
         result.map_err(io_error("sending an nf_tables transaction"))
     }
 
-    fn changed_by_others(&mut self, name: &str) -> Result<Option<bool>, DataplaneError> {
+    fn changed_by_others(
+        &mut self,
+        name: &str,
+        generation: u32,
+    ) -> Result<Option<bool>, DataplaneError> {
         let own = self
             .socket()?
             .port()
             .map_err(io_error("reading the nf_tables socket's port"))?;
-        let Some(monitor) = self.monitor.as_mut() else {
-            // Listening starts now: what happened before is unknown.
+        let listening = self
+            .monitor
+            .as_ref()
+            .is_some_and(|l| l.port == own && l.table == name);
+        if !listening {
+            // Listening starts now (or again, for a new socket): what happened before is
+            // unknown.
             let opened = match &self.netns {
                 Some(path) => in_namespace(path, NftMonitor::open),
                 None => NftMonitor::open(),
             };
-            match opened {
-                Ok(monitor) => self.monitor = Some(monitor),
+            self.heard = Heard::default();
+            self.monitor = match opened {
+                Ok(monitor) => Some(Listening {
+                    monitor,
+                    port: own,
+                    table: name.to_owned(),
+                }),
                 Err(err) => {
                     tracing::debug!(%err, "cannot listen for nf_tables announcements");
+                    None
                 }
-            }
+            };
             return Ok(None);
-        };
-        match monitor.drain(own, name) {
-            Ok(seen) if seen.lost => Ok(None),
-            Ok(seen) => Ok(Some(seen.changed_by_others)),
-            Err(err) => {
-                self.monitor = None;
-                Err(DataplaneError::io(
-                    "reading nf_tables announcements".to_owned(),
-                    err,
-                ))
-            }
         }
+        if self.drain_announcements().is_err() {
+            return Ok(None);
+        }
+        if self.heard.lost {
+            self.heard = Heard::default();
+            return Ok(None);
+        }
+        if !self.heard.covers(generation) {
+            return Ok(None);
+        }
+        Ok(Some(std::mem::take(&mut self.heard.changed_by_others)))
+    }
+}
+
+impl NetlinkNft {
+    /// Reads what the monitor heard into [`NetlinkNft::heard`]; a failing monitor is
+    /// closed (the next check starts listening again).
+    fn drain_announcements(&mut self) -> io::Result<()> {
+        let Some(listening) = self.monitor.as_mut() else {
+            return Ok(());
+        };
+        let result = listening
+            .monitor
+            .drain(listening.port, &listening.table, &mut self.heard);
+        if result.is_err() {
+            self.monitor = None;
+            self.heard = Heard::default();
+        }
+        result
     }
 }

@@ -7,6 +7,7 @@
 //! Services (0.7–0.9 s, during which no change could be programmed).
 
 use std::io;
+use std::os::fd::AsFd;
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
@@ -16,9 +17,10 @@ use crate::kernel::netlink::frame;
 
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables changes.
 const NFNLGRP_NFTABLES: u32 = 7;
-/// Receive buffer asked of the kernel: a burst of other people's commits fits; when it
-/// does not, the kernel says so (`ENOBUFS`) and the check reads the table.
-const RECEIVE_BUFFER: usize = 4 * 1024 * 1024;
+/// Receive buffer asked of the kernel. It is drained after each of the agent's own
+/// commits (whose elements are announced too) and at each check; when it overflows all
+/// the same, the kernel says so (`ENOBUFS`) and the check reads the table.
+const RECEIVE_BUFFER: usize = 8 * 1024 * 1024;
 /// Bytes read per `recv`.
 const READ_CHUNK: usize = 256 * 1024;
 /// The nf_tables attribute that names an object's table: type 1 in every table-scoped
@@ -26,13 +28,35 @@ const READ_CHUNK: usize = 256 * 1024;
 /// `NFTA_SET_ELEM_LIST_TABLE`, `NFTA_OBJ_TABLE`, `NFTA_FLOWTABLE_TABLE`).
 const TABLE_ATTRIBUTE: u16 = 1;
 
-/// What a drain of the announcements found.
+/// What the announcements drained so far said, until [`Heard::take`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Announced {
-    /// Someone other than `own_port` changed the table asked about.
+pub struct Heard {
+    /// Someone other than the agent's socket changed the table asked about.
     pub changed_by_others: bool,
     /// Announcements were lost (the socket's buffer overflowed): nothing can be said.
     pub lost: bool,
+    /// The newest generation announced (`NFT_MSG_NEWGEN`, sent last for each commit).
+    pub newest: Option<u32>,
+}
+
+impl Heard {
+    /// Whether the commits up to `generation` have all been announced: the kernel moves
+    /// the generation before it sends a commit's announcements.
+    #[must_use]
+    pub fn covers(&self, generation: u32) -> bool {
+        self.newest
+            .is_some_and(|newest| newest.wrapping_sub(generation) < u32::MAX / 2)
+    }
+
+    fn add(&mut self, other: Self) {
+        self.changed_by_others |= other.changed_by_others;
+        self.lost |= other.lost;
+        if let Some(generation) = other.newest
+            && !self.covers(generation)
+        {
+            self.newest = Some(generation);
+        }
+    }
 }
 
 /// A socket that hears every nf_tables commit in its network namespace.
@@ -51,7 +75,17 @@ impl NftMonitor {
     pub fn open() -> io::Result<Self> {
         let mut socket = Socket::new(NETLINK_NETFILTER)?;
         socket.bind_auto()?;
-        let _ = socket.set_rx_buf_sz(RECEIVE_BUFFER);
+        // SO_RCVBUF is capped by net.core.rmem_max (about 200 KiB); with CAP_NET_ADMIN,
+        // SO_RCVBUFFORCE is not. A buffer that still overflows only costs a read-back.
+        if nix::sys::socket::setsockopt(
+            &socket.as_fd(),
+            nix::sys::socket::sockopt::RcvBufForce,
+            &RECEIVE_BUFFER,
+        )
+        .is_err()
+        {
+            let _ = socket.set_rx_buf_sz(RECEIVE_BUFFER);
+        }
         socket.add_membership(NFNLGRP_NFTABLES)?;
         socket.set_non_blocking(true)?;
         Ok(Self {
@@ -60,23 +94,21 @@ impl NftMonitor {
         })
     }
 
-    /// Reads every announcement waiting and says whether one of them changed `table` (of
-    /// any family) from a socket other than `own_port`.
+    /// Reads every announcement waiting into `heard`: whether one of them changed
+    /// `table` (of any family) from a socket other than `own_port`, the newest
+    /// generation announced, and whether some were lost.
     ///
     /// # Errors
     /// When the socket fails other than by having nothing more to read or having lost
-    /// messages (which [`Announced::lost`] reports).
-    pub fn drain(&mut self, own_port: u32, table: &str) -> io::Result<Announced> {
-        let mut seen = Announced::default();
+    /// messages.
+    pub fn drain(&mut self, own_port: u32, table: &str, heard: &mut Heard) -> io::Result<()> {
         loop {
             self.buf.clear();
             match self.socket.recv(&mut self.buf, 0) {
-                Ok(0) => return Ok(seen),
-                Ok(_) => {
-                    seen.changed_by_others |= changed_by_others(&self.buf, own_port, table);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(seen),
-                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => seen.lost = true,
+                Ok(0) => return Ok(()),
+                Ok(_) => heard.add(read_datagram(&self.buf, own_port, table)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => heard.lost = true,
                 Err(e) => return Err(e),
             }
         }
@@ -94,34 +126,51 @@ pub fn port_of(socket: &Socket) -> io::Result<u32> {
     Ok(address.port_number())
 }
 
-/// Whether one of the announcements in `datagram` changed `table` and came from a
-/// socket other than `own_port`.
+/// What the announcements in `datagram` say: whether one changed `table` and came from a
+/// socket other than `own_port`, and the newest generation announced.
 #[must_use]
-pub fn changed_by_others(datagram: &[u8], own_port: u32, table: &str) -> bool {
-    frame::messages(datagram)
-        .map_while(Result::ok)
-        .any(|message| {
-            let [subsystem, kind] = message.header.message_type.to_be_bytes();
-            if subsystem != NFNL_SUBSYS_NFTABLES || kind == NFT_MSG_NEWGEN {
-                return false;
-            }
-            if message.header.port_id == own_port {
-                return false;
-            }
-            // nlmsghdr (16 bytes), nfgenmsg (4), then the attributes.
-            message.bytes.get(20..).is_some_and(|attributes| {
+pub fn read_datagram(datagram: &[u8], own_port: u32, table: &str) -> Heard {
+    let mut heard = Heard::default();
+    for message in frame::messages(datagram).map_while(Result::ok) {
+        let [subsystem, kind] = message.header.message_type.to_be_bytes();
+        if subsystem != NFNL_SUBSYS_NFTABLES {
+            continue;
+        }
+        // nlmsghdr (16 bytes), nfgenmsg (4), then the attributes.
+        let attribute = |wanted: u16| {
+            message.bytes.get(20..).and_then(|attributes| {
                 frame::attributes(attributes)
                     .map_while(Result::ok)
-                    .find(|a| a.kind == TABLE_ATTRIBUTE)
-                    .and_then(|a| a.get_string().ok())
-                    .is_none_or(|name| name == table)
+                    .find(|a| a.kind == wanted)
             })
-        })
+        };
+        if kind == NFT_MSG_NEWGEN {
+            // NFTA_GEN_ID, big-endian.
+            if let Some(id) = attribute(TABLE_ATTRIBUTE)
+                .and_then(|a| a.value.get(..4).map(|b| [b[0], b[1], b[2], b[3]]))
+            {
+                heard.add(Heard {
+                    newest: Some(u32::from_be_bytes(id)),
+                    ..Heard::default()
+                });
+            }
+            continue;
+        }
+        if message.header.port_id == own_port {
+            continue;
+        }
+        let name = attribute(TABLE_ATTRIBUTE).and_then(|a| a.get_string().ok());
+        // An announcement without a table name is taken as one about ours.
+        if name.is_none_or(|name| name == table) {
+            heard.changed_by_others = true;
+        }
+    }
+    heard
 }
 
 #[cfg(test)]
 mod tests {
-    use super::changed_by_others;
+    use super::read_datagram;
 
     /// One announcement: nlmsghdr, nfgenmsg, a table-name attribute.
     fn announcement(kind: u8, port: u32, table: &str) -> Vec<u8> {
@@ -144,35 +193,45 @@ mod tests {
         out
     }
 
+    fn changed(datagram: &[u8]) -> bool {
+        read_datagram(datagram, 77, "proxyplan").changed_by_others
+    }
+
     #[test]
     fn only_other_sockets_changes_to_the_table_count() {
         // NEWSETELEM (12) in proxyplan by our own socket: ours.
-        assert!(!changed_by_others(
-            &announcement(12, 77, "proxyplan"),
-            77,
-            "proxyplan"
-        ));
+        assert!(!changed(&announcement(12, 77, "proxyplan")));
         // The same from another socket: tampering.
-        assert!(changed_by_others(
-            &announcement(12, 99, "proxyplan"),
-            77,
-            "proxyplan"
-        ));
+        assert!(changed(&announcement(12, 99, "proxyplan")));
         // Another socket's rule (6) in another table: not ours to care about.
-        assert!(!changed_by_others(
-            &announcement(6, 99, "nat"),
-            77,
-            "proxyplan"
-        ));
-        // A generation message (15) names no table.
-        assert!(!changed_by_others(
-            &announcement(15, 99, "proxyplan"),
-            77,
-            "proxyplan"
-        ));
+        assert!(!changed(&announcement(6, 99, "nat")));
         // Several in one datagram: any one counts.
         let mut both = announcement(6, 99, "filter");
         both.extend(announcement(8, 99, "proxyplan"));
-        assert!(changed_by_others(&both, 77, "proxyplan"));
+        assert!(changed(&both));
+    }
+
+    /// NEWGEN (15) carries the new generation, big-endian, as attribute 1.
+    #[test]
+    fn the_newest_generation_is_kept() {
+        let generation = |id: u32| {
+            let mut message = announcement(15, 99, "");
+            message.truncate(20);
+            message.extend_from_slice(&8u16.to_ne_bytes());
+            message.extend_from_slice(&1u16.to_ne_bytes());
+            message.extend_from_slice(&id.to_be_bytes());
+            let len = u32::try_from(message.len()).unwrap_or(0);
+            message[..4].copy_from_slice(&len.to_ne_bytes());
+            message
+        };
+        let mut datagram = generation(41);
+        datagram.extend(generation(42));
+        let heard = read_datagram(&datagram, 77, "proxyplan");
+        assert_eq!(heard.newest, Some(42));
+        assert!(!heard.changed_by_others);
+        assert!(heard.covers(42) && heard.covers(41) && !heard.covers(43));
+        // Across the wrap of the 32-bit counter.
+        let wrapped = read_datagram(&generation(2), 77, "proxyplan");
+        assert!(wrapped.covers(u32::MAX - 1) && !wrapped.covers(3));
     }
 }

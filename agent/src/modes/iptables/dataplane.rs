@@ -551,9 +551,9 @@ impl<R: Runner> Dataplane for IptablesDataplane<R> {
         }
     }
 
-    /// The canary chain in either family's `nat` table.
+    /// A jump from `nat` `PREROUTING` to the agent's chains, in either family.
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
-        self.tables().hold_canary()
+        self.tables().hold_jumps()
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {

@@ -723,9 +723,9 @@ impl<K: IpvsKernel, R: Runner> Dataplane for IpvsDataplane<K, R> {
         Ok(self.ipvs_intact()? && intact)
     }
 
-    /// The canary chain in either family's `nat` table.
+    /// A jump from `nat` `PREROUTING` to the agent's chains, in either family.
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
-        self.tables().hold_canary()
+        self.tables().hold_jumps()
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
