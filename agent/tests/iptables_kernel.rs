@@ -564,6 +564,15 @@ fn holds_rules_reads_the_kernel(backend: Backend) {
     assert!(dataplane(&ns, backend).holds_rules().unwrap());
     dp.cleanup().unwrap();
     assert!(!dataplane(&ns, backend).holds_rules().unwrap());
+    // A flushed nat table (a firewall reload) keeps the empty chains but no rule.
+    dp.sync(&plan(small_cluster()), false).unwrap();
+    for family in [Family::V4, Family::V6] {
+        iptables(&ns, backend, family, "-t nat -F");
+    }
+    assert!(
+        !dataplane(&ns, backend).holds_rules().unwrap(),
+        "flushed rules are no rules"
+    );
 }
 
 for_both_backends! {

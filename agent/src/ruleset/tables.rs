@@ -205,38 +205,32 @@ impl Tables<'_> {
         })
     }
 
-    /// Whether the agent's rules are there: the canary chain in either family's `nat`
-    /// table (iptables and ipvs modes both declare it), read from the kernel.
+    /// Whether the agent's rules are there, read from the kernel: a jump from `nat`
+    /// `PREROUTING` to one of its chains in either family (iptables and ipvs modes both
+    /// put one there). A flushed table has none, even where the empty chains stay.
     ///
     /// # Errors
-    /// As [`Tables::has_chain`].
-    pub fn hold_canary(&self) -> Result<bool, DataplaneError> {
+    /// When `iptables` cannot be run or fails other than for a missing table.
+    pub fn hold_jumps(&self) -> Result<bool, DataplaneError> {
         for family in Family::ALL {
-            if self.has_chain(family, TableName::Nat, super::names::CANARY)? {
-                return Ok(true);
+            let iptables = self.backend.binary(family, Tool::Iptables);
+            let args = ["-w", LOCK_WAIT, "-t", "nat", "-S", "PREROUTING"];
+            let output = self.runner.run(&iptables, &args, None)?;
+            match output.code {
+                Some(0) => {
+                    if output
+                        .stdout
+                        .lines()
+                        .any(|line| line.contains(" -j PROXYPLAN-"))
+                    {
+                        return Ok(true);
+                    }
+                }
+                // No nat table in this family (a node without IPv6 NAT).
+                Some(1 | 3) => {}
+                _ => return Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
             }
         }
         Ok(false)
-    }
-
-    /// Whether `table` of `family` has the chain `chain` (`iptables -S CHAIN`).
-    ///
-    /// # Errors
-    /// When `iptables` cannot be run or fails other than for a missing chain or table.
-    pub fn has_chain(
-        &self,
-        family: Family,
-        table: TableName,
-        chain: &str,
-    ) -> Result<bool, DataplaneError> {
-        let iptables = self.backend.binary(family, Tool::Iptables);
-        let args = ["-w", LOCK_WAIT, "-t", table.as_str(), "-S", chain];
-        let output = self.runner.run(&iptables, &args, None)?;
-        match output.code {
-            Some(0) => Ok(true),
-            // No such chain (or, on a node without that family, no such table).
-            Some(1 | 3) => Ok(false),
-            _ => Err(output.failure(&format!("{iptables} {}", args.join(" ")))),
-        }
     }
 }
