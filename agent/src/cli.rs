@@ -597,7 +597,11 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         ProxyMode::Iptables => Duration::from_secs(1),
         ProxyMode::Nftables | ProxyMode::Ipvs => Duration::ZERO,
     });
-    let every_mode = dataplane_args.clone();
+    // An uninstall removes what every mode left, whatever --mode says.
+    let every_mode = DataplaneArgs {
+        mode: ModeArg::Auto,
+        ..dataplane_args.clone()
+    };
     let (dataplane, done) =
         dataplane_args.dataplane_leaving_others(mode, render, |line| tracing::info!("{line}"));
     for done in done {
@@ -640,10 +644,11 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
                     daemonset = %owner,
                     "the DaemonSet is gone (uninstall): removing everything the agent owns"
                 );
-                for done in remove_everything(&every_mode)? {
+                let removed = remove_everything(&every_mode);
+                uninstall::remove_state(&state_dir);
+                for done in removed? {
                     tracing::info!("{done}");
                 }
-                uninstall::remove_state(&state_dir);
             }
             Err(err) => tracing::warn!(
                 daemonset = %owner,
@@ -657,7 +662,10 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Removes what the agent owns in every mode (or only `--mode`'s when it is not auto);
-/// one line per mode that had something.
+/// one line per mode that had something. A mode that fails does not stop the others.
+///
+/// # Errors
+/// When some mode's removal failed (the others were still done).
 fn remove_everything(dataplane_args: &DataplaneArgs) -> anyhow::Result<Vec<String>> {
     let render = RenderSettings::default();
     let modes = match dataplane_args.resolve_explicit() {
@@ -666,17 +674,27 @@ fn remove_everything(dataplane_args: &DataplaneArgs) -> anyhow::Result<Vec<Strin
     };
     let every = modes.len() > 1;
     let mut done = Vec::new();
+    let mut failed = Vec::new();
     for mode in modes {
         if every && !switch::may_have_left(mode, &dataplane_args.ipvs.ipvs_interface) {
             continue;
         }
-        let report = dataplane_args.dataplane(mode, &render).cleanup()?;
-        done.push(format!(
-            "removed what the agent owned ({mode} mode): {} chains or objects",
-            report.changed
-        ));
+        match dataplane_args.dataplane(mode, &render).cleanup() {
+            Ok(report) => done.push(format!(
+                "removed what the agent owned ({mode} mode): {} chains or objects",
+                report.changed
+            )),
+            Err(err) => failed.push(format!("{mode} mode: {err}")),
+        }
     }
-    Ok(done)
+    if failed.is_empty() {
+        Ok(done)
+    } else {
+        for line in &done {
+            eprintln!("{line}");
+        }
+        anyhow::bail!("could not remove everything: {}", failed.join("; "))
+    }
 }
 
 fn apply(args: ApplyArgs) -> anyhow::Result<()> {

@@ -707,13 +707,15 @@ impl Planner {
             .enumerate()
             .map(|(part, service_ports)| {
                 let id = ObjectId::Service(key.clone(), u32::try_from(part).unwrap_or(u32::MAX));
-                let summary = Some(ServicePlanSummary::of(&service_ports));
                 let mut spec = ServiceProxyPlanSpec {
                     revision: String::new(),
                     service_ports,
-                    summary,
+                    summary: None,
                 };
+                // The revision hashes the entries only: the summary is derived from them
+                // for people (and an older CRD would prune it).
                 spec.revision = revision_of(&spec);
+                spec.summary = Some(ServicePlanSummary::of(&spec.service_ports));
                 let mut object = ServiceProxyPlan::new(&id.name(), spec);
                 object.metadata = managed_meta(&id.name(), Some(&key.name));
                 object.metadata.namespace = Some(key.namespace.clone());

@@ -22,16 +22,6 @@ pub enum UninstallError {
         /// The error.
         source: kube::Error,
     },
-    /// Agents were still running when the time was up.
-    #[error("{left} agent pod(s) still there after {waited:?}: {names}")]
-    Timeout {
-        /// How many.
-        left: usize,
-        /// Their names (the first few).
-        names: String,
-        /// How long this waited.
-        waited: Duration,
-    },
 }
 
 /// Deletes the DaemonSet `name` in `namespace` (foreground: it stays, marked as being
@@ -39,7 +29,8 @@ pub enum UninstallError {
 /// how many pods there were. A DaemonSet that does not exist is not an error.
 ///
 /// # Errors
-/// When a request fails, or pods remain after `timeout`.
+/// When a request fails. Pods still there after `timeout` (on nodes that are down) are
+/// logged, not an error: the uninstall goes on without them.
 pub async fn uninstall_agents(
     client: kube::Client,
     namespace: &str,
@@ -109,11 +100,15 @@ pub async fn uninstall_agents(
                 .filter_map(|p| p.metadata.name.clone())
                 .collect::<Vec<_>>()
                 .join(", ");
-            return Err(UninstallError::Timeout {
-                left: left.len(),
-                names,
-                waited: timeout,
-            });
+            // Not an error: a pod on a node that is down never stops, and the uninstall
+            // must go on. Those nodes keep the rules until `proxyplan-agent cleanup`.
+            tracing::warn!(
+                left = left.len(),
+                %names,
+                "agent pods still there after {timeout:?} (nodes down?): their nodes keep \
+                 proxyplan's rules; run `proxyplan-agent cleanup` there"
+            );
+            return Ok(at_first);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

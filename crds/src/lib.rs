@@ -230,6 +230,28 @@ pub struct ServiceProxyPlanSpec {
     pub summary: Option<ServicePlanSummary>,
 }
 
+/// Longest [`ServicePlanSummary::ports`] (its schema allows 1,024 bytes).
+const SUMMARY_PORTS_LIMIT: usize = 1000;
+
+/// `items` comma-separated, cut to at most `limit` bytes with a count of what was left
+/// out (`80/TCP,81/TCP,...,+40 more`).
+fn capped(items: &[String], limit: usize) -> String {
+    let mut out = String::new();
+    for (i, item) in items.iter().enumerate() {
+        let more = format!(",+{} more", items.len() - i);
+        let separator = usize::from(!out.is_empty());
+        if out.len() + separator + item.len() + more.len() > limit && i + 1 < items.len() {
+            out.push_str(if out.is_empty() { &more[1..] } else { &more });
+            return out;
+        }
+        if separator == 1 {
+            out.push(',');
+        }
+        out.push_str(item);
+    }
+    out
+}
+
 /// A person's view of a Service plan's entries: its ports, addresses, how many endpoints
 /// serve it and under which policies (the columns of `kubectl get serviceproxyplans`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -289,7 +311,7 @@ impl ServicePlanSummary {
             text
         });
         Self {
-            ports: ports.join(","),
+            ports: capped(&ports, SUMMARY_PORTS_LIMIT),
             cluster_ips: ips.join(","),
             endpoints: u32::try_from(endpoints.len()).unwrap_or(u32::MAX),
             policy,

@@ -793,6 +793,22 @@ fn summary_is_what_a_person_looks_for_first() {
             policy: "Cluster/Local".into(),
         }
     );
+    // A Service of 200 node ports fits the schema's 1,024 bytes, saying what it left out.
+    let many: Vec<ServicePortPlan> = (0..200u16)
+        .map(|i| {
+            let mut e = entry("many", &format!("p{i}"), "10.96.0.20", vec![]);
+            e.port = 10_000 + i;
+            e.node_port = Some(30_000 + i);
+            e
+        })
+        .collect();
+    let ports = ServicePlanSummary::of(&many).ports;
+    assert!(ports.len() <= 1024, "{} bytes", ports.len());
+    assert!(
+        ports.starts_with("10000:30000/TCP,10001:30001/TCP,"),
+        "{ports}"
+    );
+    assert!(ports.ends_with(" more") && ports.contains(",+"), "{ports}");
     let empty = ServicePlanSummary::of(&[entry("empty", "http", "10.96.0.14", vec![])]);
     assert_eq!(
         (empty.endpoints, empty.policy.as_str()),

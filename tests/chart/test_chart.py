@@ -221,6 +221,9 @@ class Defaults(unittest.TestCase):
     def test_uninstall_hook_can_be_turned_off(self) -> None:
         objects = render({"uninstall": {"removeAgentRules": False}})
         self.assertFalse([o for o in objects if o["kind"] == "Job"])
+        # ... and then no agent removes its rules when its DaemonSet goes.
+        args = container(objects, "DaemonSet")["args"]
+        self.assertFalse([a for a in args if a.startswith("--owner-daemonset")])
 
     def test_bindings_point_at_their_service_accounts(self) -> None:
         for component in ("controller", "agent"):
