@@ -8,7 +8,9 @@
 //! sudo BENCH_SERVICES=10000 cargo bench -p proxyplan-tests --bench e2e
 //! ```
 //!
-//! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_CHANGES` (30), `BENCH_NODES`
+//! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_CHANGES` (30), `BENCH_GAP_MS`
+//! (800: the pause between changes, after each is measured), `BENCH_AGENT_LOG` (`warn`:
+//! the agent's log filter), `BENCH_NODES`
 //! (Node objects, the agent's included; default 1), `BENCH_MODE` (the agent's `--mode`,
 //! default `iptables`), `BENCH_IPTABLES_BACKEND` (`auto`), `BENCH_WATCHERS` (extra raw
 //! watchers of the Service plans, as other nodes' agents would open, to measure the API
@@ -241,6 +243,10 @@ async fn main() {
     }
     let services: usize = env_or("BENCH_SERVICES", 1_000);
     let changes: usize = env_or("BENCH_CHANGES", 30);
+    // The pause after each change's bytes are counted (the gap between changes is about
+    // this plus 300 ms plus the change's latency).
+    let gap_ms: u64 = env_or("BENCH_GAP_MS", 800);
+    let agent_log = std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned());
     let nodes: usize = env_or("BENCH_NODES", 1);
     let mode: String = env_or("BENCH_MODE", "iptables".to_owned());
     let backend: String = env_or("BENCH_IPTABLES_BACKEND", "auto".to_owned());
@@ -440,7 +446,7 @@ async fn main() {
         ])
         .arg("--state-dir")
         .arg(workdir.join("agent-state"))
-        .args(["--log", "warn"]);
+        .args(["--log", &agent_log]);
     let mut agent =
         Spawned::start("agent", &mut command, workdir.join("agent.log"), false).unwrap();
     let metrics = AgentMetrics::new(&netns, metrics_address);
@@ -528,7 +534,7 @@ async fn main() {
                 .map(|r| r.bytes)
                 .sum::<usize>() as f64,
         );
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        tokio::time::sleep(Duration::from_millis(gap_ms)).await;
     }
     let cpu_after = cpu_seconds(apiserver_pid);
     #[allow(clippy::cast_precision_loss)]

@@ -370,19 +370,21 @@ class KubeProxy:
 
 
 def kernel(node: Node) -> dict:
-    nft = node.run(["nft", "list", "tables"], check=False).split("\n")
+    """What `node`'s kernel holds of either proxy. Every read must succeed: an empty
+    answer from a tool that failed would pass for a clean node."""
+    nft = node.run(["nft", "list", "tables"]).split("\n")
     tables = sorted(" ".join(line.split()[1:]) for line in nft if line.startswith("table"))
     chains = {"PROXYPLAN": 0, "KUBE-proxy": 0}
     for save in ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save",
                  "ip6tables-legacy-save"):
-        for line in node.run([save], check=False).splitlines():
+        for line in node.run([save]).splitlines():
             if line.startswith(":PROXYPLAN-") or line.startswith(":PP-"):
                 chains["PROXYPLAN"] += 1
             elif line.startswith(":KUBE-") and not line.startswith(
                     (":KUBE-FIREWALL", ":KUBE-KUBELET-CANARY", ":KUBE-IPTABLES-HINT")):
                 # kubelet's own chains stay; everything else KUBE- is kube-proxy's
                 chains["KUBE-proxy"] += 1
-    sets = [name for name in node.run(["ipset", "list", "-n"], check=False).split()
+    sets = [name for name in node.run(["ipset", "list", "-n"]).split()
             if name.startswith(("PROXYPLAN", "KUBE-"))]
     links = [name for name in ("proxyplan-ipvs0", "kube-ipvs0")
              if node.run(["ip", "link", "show", name], check=False).strip()]
@@ -497,6 +499,22 @@ class Traffic:
 
     def snapshot(self) -> dict:
         return {"pod": self.report(False), "host": self.report(True)}
+
+    @staticmethod
+    def idle_targets(before: dict, after: dict) -> list[str]:
+        """Targets that saw no attempt (or long-lived connections no request) between two
+        snapshots: a client that stopped counting proves nothing."""
+        idle = []
+        for side in ("pod", "host"):
+            a, b = before[side], after[side]
+            for kind in ("tcp", "udp"):
+                for name, c in b[kind].items():
+                    if c["attempts"] == a[kind][name]["attempts"]:
+                        idle.append(f"{side} {kind} {name}")
+            for name, h in b["hold"].items():
+                if h["requests"] == a["hold"][name]["requests"]:
+                    idle.append(f"{side} hold {name}")
+        return idle
 
     @staticmethod
     def between(before: dict, after: dict) -> Counts:
@@ -651,8 +669,9 @@ class Scenario:
         if counts.broken:
             problems.append(f"{name}: {counts.broken} long-lived connection(s) broke: "
                             f"{counts.failures[:10]}")
-        if counts.attempted == 0 or counts.held == 0:
-            problems.append(f"{name}: no traffic flowed ({counts})")
+        idle = Traffic.idle_targets(before, after)
+        if idle:
+            problems.append(f"{name}: no traffic flowed to {idle}")
         if check_after:
             try:
                 check_after(after_kernel)
@@ -724,6 +743,7 @@ class Scenario:
 
     def run_conformance(self, mode: str) -> None:
         log(f"== conformance, {mode} mode")
+        self.wait_ready(mode)  # the mode really running on every node
         out = Path(tempfile.gettempdir()) / f"proxyplan-conformance-{mode}"
         before = self.traffic.snapshot()
         started = time.monotonic()
@@ -738,6 +758,9 @@ class Scenario:
         if result.returncode != 0 or not last.endswith("15 passed, 0 failed"):
             self.failures.append(f"conformance ({mode} mode): {last}\n{result.stderr[-2000:]}")
         counts = Traffic.between(before, after)
+        idle = Traffic.idle_targets(before, after)
+        if idle:
+            self.failures.append(f"traffic during conformance ({mode}): none to {idle}")
         self.rows.append(Row(f"conformance specs, {mode} mode (traffic throughout)", counts,
                              None, "-", "-", time.monotonic() - started))
         if counts.failed or counts.broken:

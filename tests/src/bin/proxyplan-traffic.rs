@@ -237,12 +237,15 @@ fn udp_attempt(address: SocketAddr) -> Result<(), String> {
     socket
         .set_read_timeout(Some(ATTEMPT_TIMEOUT))
         .map_err(|e| e.to_string())?;
+    // Connected: the kernel takes only answers from the Service's own address and port,
+    // so an answer the proxy failed to translate back does not count.
     socket
-        .send_to(b"hostname", address)
-        .map_err(|e| format!("send: {e}"))?;
+        .connect(address)
+        .map_err(|e| format!("connect: {e}"))?;
+    socket.send(b"hostname").map_err(|e| format!("send: {e}"))?;
     let mut buffer = [0; 512];
-    match socket.recv_from(&mut buffer) {
-        Ok((n, _)) if n > 0 => Ok(()),
+    match socket.recv(&mut buffer) {
+        Ok(n) if n > 0 => Ok(()),
         Ok(_) => Err("empty answer".to_owned()),
         Err(e) => Err(format!("no answer: {e}")),
     }
