@@ -509,8 +509,11 @@ async fn main() {
             }
             assert!(
                 waited.elapsed() < Duration::from_secs(120),
-                "change {k} never programmed\n{}",
-                agent.log_tail(20)
+                "change {k} never programmed\n{}\nkube-apiserver's log, last lines:\n{}",
+                agent.log_tail(20),
+                std::fs::read_to_string(plane.apiserver_log())
+                    .map(|log| log.lines().rev().take(30).collect::<Vec<_>>().join("\n"))
+                    .unwrap_or_default()
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
