@@ -5,7 +5,9 @@
 //! - `--tcp NAME=HOST:PORT`: a new TCP connection every `--interval`, one HTTP request
 //!   (`GET /hostname`, agnhost netexec's) and its answer, then close;
 //! - `--udp NAME=HOST:PORT`: a new UDP socket (so a new flow) every `--interval`, the
-//!   datagram `hostname` and its answer (netexec's UDP server);
+//!   datagram `hostname` and its answer (netexec's UDP server) from the Service's own
+//!   address; sent once more on the same flow after a second without an answer, as a
+//!   resolver does (counted as `retried`), a failure when that goes unanswered too;
 //! - `--hold NAME=HOST:PORT:N`: N long-lived TCP connections (HTTP keep-alive), each
 //!   asking `GET /hostname` every `--hold-interval`; any error on one (a reset, a timeout,
 //!   an unexpected answer) counts as a broken long-lived connection, and it is reopened.
@@ -24,11 +26,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Failures kept for the report.
 const KEPT_FAILURES: usize = 200;
+/// What an attempt answers when it succeeded only after sending again on the same flow
+/// (a UDP request or its answer lost once): counted apart, and not a failure.
+const RETRIED: &str = "answered the second time";
 
 #[derive(Default)]
 struct Counter {
     attempts: AtomicU64,
     failures: AtomicU64,
+    /// Answered only when sent again on the same flow.
+    retried: AtomicU64,
 }
 
 #[derive(Default)]
@@ -72,6 +79,7 @@ impl Report {
             serde_json::json!({
                 "attempts": c.attempts.load(Ordering::Relaxed),
                 "failures": c.failures.load(Ordering::Relaxed),
+                "retried": c.retried.load(Ordering::Relaxed),
             })
         };
         let failures: Vec<String> = self
@@ -227,6 +235,10 @@ fn tcp_attempt(address: SocketAddr) -> Result<(), String> {
     ask(&mut reader, false).map(|_| ())
 }
 
+/// How long a UDP request waits for its answer before it is sent once more on the same
+/// flow (what a resolver does); no answer to either is a failure.
+const UDP_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 fn udp_attempt(address: SocketAddr) -> Result<(), String> {
     let local: SocketAddr = if address.is_ipv4() {
         ([0, 0, 0, 0], 0).into()
@@ -235,20 +247,25 @@ fn udp_attempt(address: SocketAddr) -> Result<(), String> {
     };
     let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
     socket
-        .set_read_timeout(Some(ATTEMPT_TIMEOUT))
+        .set_read_timeout(Some(UDP_RETRY_AFTER))
         .map_err(|e| e.to_string())?;
     // Connected: the kernel takes only answers from the Service's own address and port,
     // so an answer the proxy failed to translate back does not count.
     socket
         .connect(address)
         .map_err(|e| format!("connect: {e}"))?;
-    socket.send(b"hostname").map_err(|e| format!("send: {e}"))?;
     let mut buffer = [0; 512];
-    match socket.recv(&mut buffer) {
-        Ok(n) if n > 0 => Ok(()),
-        Ok(_) => Err("empty answer".to_owned()),
-        Err(e) => Err(format!("no answer: {e}")),
+    let mut last = String::new();
+    for attempt in 0..2 {
+        socket.send(b"hostname").map_err(|e| format!("send: {e}"))?;
+        match socket.recv(&mut buffer) {
+            Ok(n) if n > 0 && attempt == 0 => return Ok(()),
+            Ok(n) if n > 0 => return Err(RETRIED.to_owned()),
+            Ok(_) => last = "empty answer".to_owned(),
+            Err(e) => last = format!("no answer: {e}"),
+        }
     }
+    Err(format!("{last} (sent twice on the same flow)"))
 }
 
 /// Runs `attempt` against `target` every `interval`, forever.
@@ -263,9 +280,16 @@ fn paced(
     let mut next = Instant::now();
     loop {
         counter.attempts.fetch_add(1, Ordering::Relaxed);
-        if let Err(why) = resolve(&target).and_then(attempt) {
-            counter.failures.fetch_add(1, Ordering::Relaxed);
-            report.fail(&what, &why);
+        match resolve(&target).and_then(attempt) {
+            Ok(()) => {}
+            Err(why) if why == RETRIED => {
+                counter.retried.fetch_add(1, Ordering::Relaxed);
+                report.fail(&what, &why);
+            }
+            Err(why) => {
+                counter.failures.fetch_add(1, Ordering::Relaxed);
+                report.fail(&what, &why);
+            }
         }
         next += interval;
         let now = Instant::now();
