@@ -586,6 +586,7 @@ for_both_backends! {
     one_altered_chain_is_noticed_and_rewritten => nft_one_altered_chain_is_noticed_and_rewritten, legacy_one_altered_chain_is_noticed_and_rewritten;
     restart_sends_nothing_then_one_change_is_small => nft_restart_sends_nothing_then_one_change_is_small, legacy_restart_sends_nothing_then_one_change_is_small;
     holds_rules_reads_the_kernel => nft_holds_rules_reads_the_kernel, legacy_holds_rules_reads_the_kernel;
+    protocol_swap_on_the_same_port => nft_protocol_swap_on_the_same_port, legacy_protocol_swap_on_the_same_port;
 }
 
 fn conntrack_count(ns: &Netns) -> usize {
@@ -714,5 +715,34 @@ fn sync_sizes_and_timings_at_1000_services() {
         first_sent.lines,
         change.payload.len(),
         change.payload.lines().count(),
+    );
+}
+
+/// A Service whose only port changes protocol on the same port number (the upstream
+/// conformance spec "should serve endpoints on same port and different protocols": TCP
+/// only, then UDP only, first without endpoints, then with): no TCP rule for the cluster
+/// IP may stay.
+fn protocol_swap_on_the_same_port(backend: Backend) {
+    let Some(ns) = namespace(backend) else { return };
+    let mut dp = dataplane(&ns, backend);
+    let other = service("other", "10.96.0.99", 80, &["10.244.1.99:8080"]);
+    let tcp = service("multi", "10.96.0.50", 80, &["10.244.1.50:80"]);
+    dp.sync(&plan(vec![other.clone(), tcp]), false).unwrap();
+    let mut udp_empty = udp(service("multi", "10.96.0.50", 80, &[]));
+    udp_empty.key = "demo/multi:udp/UDP/IPv4".into();
+    udp_empty.port_name = "udp".into();
+    dp.sync(&plan(vec![other.clone(), udp_empty.clone()]), false)
+        .unwrap();
+    let mut udp_served = udp_empty.clone();
+    udp_served.cluster_endpoints = vec![ep("10.244.1.50:80")];
+    dp.sync(&plan(vec![other, udp_served]), false).unwrap();
+    let nat = ns.run(&[&backend.binary(Family::V4, Tool::Save), "-t", "nat"]);
+    let tcp_rules: Vec<&str> = nat
+        .lines()
+        .filter(|l| l.contains("10.96.0.50") && l.contains("-p tcp"))
+        .collect();
+    assert!(
+        tcp_rules.is_empty(),
+        "TCP rules left for a UDP-only Service: {tcp_rules:#?}\n{nat}"
     );
 }
