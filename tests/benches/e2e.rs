@@ -196,8 +196,15 @@ fn slice_of(service: usize, generation: usize) -> serde_json::Value {
     let endpoints: Vec<serde_json::Value> = (0..10)
         .map(|e| {
             let n = service * 10 + e;
+            // The first endpoint's address moves with each change; it never comes back to
+            // the first one (generation 0), or a change after 199 others would rewrite a
+            // slice to what it was, and nothing would be programmed.
             let last = if e == 0 {
-                generation % 200 + 1
+                if generation == 0 {
+                    1
+                } else {
+                    (generation - 1) % 199 + 2
+                }
             } else {
                 n % 250 + 1
             };
