@@ -8,7 +8,8 @@
 //! sudo BENCH_SERVICES=10000 cargo bench -p proxyplan-tests --bench e2e
 //! ```
 //!
-//! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_CHANGES` (30), `BENCH_GAP_MS`
+//! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_ENDPOINTS` (10 per Service),
+//! `BENCH_CHANGES` (30), `BENCH_GAP_MS`
 //! (800: the pause between changes, after each is measured), `BENCH_AGENT_LOG` (`warn`:
 //! the agent's log filter), `BENCH_NODES`
 //! (Node objects, the agent's included; default 1), `BENCH_MODE` (the agent's `--mode`,
@@ -27,175 +28,39 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
+mod common;
+
 #[path = "../tests/e2e/procs.rs"]
 #[allow(dead_code, reason = "shared with the e2e suite")]
 mod procs;
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, stream};
-use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxyplan_tests::control_plane::ControlPlane;
 use proxyplan_tests::e2e::{forward, kubeconfig};
 use serde_json::json;
 
+use common::{
+    AgentMetrics, Log, Sink, apply_crds, controller_command, count, cpu_seconds, env_or,
+    etcd_fsyncs, list_bytes, metric, ms, print_table, quantile, raw_watch, status_kib, unix,
+};
 use procs::{Bins, Spawned};
 
 const NS: &str = "bench";
 const NODE: &str = "bench-node-0";
 const AGENT_API: &str = "127.0.0.1:6443";
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn unix(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// One event a raw watch received: when, and its size.
-#[derive(Debug, Clone)]
-struct Received {
-    at: f64,
-    bytes: usize,
-}
-
-type Log = Arc<Mutex<Vec<Received>>>;
-
-/// Watches `path` (with `query`) from now on, raw, recording every event line's size.
-async fn raw_watch(client: Client, path: String, query: String, log: Log) {
-    let list = format!("{path}?{query}&limit=1");
-    let rv = match client
-        .request_text(http::Request::get(&list).body(Vec::new()).unwrap())
-        .await
-    {
-        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v["metadata"]["resourceVersion"].as_str().map(str::to_owned))
-            .unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let uri = format!("{path}?{query}&watch=true&resourceVersion={rv}&timeoutSeconds=3600");
-    let request = http::Request::get(&uri)
-        .body(kube::client::Body::empty())
-        .unwrap();
-    let Ok(response) = client.send(request).await else {
-        return;
-    };
-    let mut body = response.into_body();
-    let mut pending: Vec<u8> = Vec::new();
-    while let Some(Ok(frame)) = body.frame().await {
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        pending.extend_from_slice(&data);
-        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            log.lock().unwrap().push(Received {
-                at: unix(SystemTime::now()),
-                bytes: line.len(),
-            });
-        }
-    }
-}
-
-/// Asks the agent for its metrics from inside its namespace (a thread that entered it).
-struct AgentMetrics {
-    requests: std::sync::mpsc::Sender<std::sync::mpsc::Sender<String>>,
-}
-
-impl AgentMetrics {
-    fn new(netns: &str, address: SocketAddr) -> Self {
-        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<String>>();
-        let path = format!("/run/netns/{netns}");
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).expect("netns");
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            for reply in rx {
-                let text = fetch(address);
-                let _ = reply.send(text);
-            }
-        });
-        Self { requests: tx }
-    }
-
-    fn get(&self) -> String {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let _ = self.requests.send(tx);
-        rx.recv().unwrap_or_default()
-    }
-
-    fn value(&self, series: &str) -> f64 {
-        metric(&self.get(), series)
-    }
-}
-
-fn fetch(address: SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
-    else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text);
-    text
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            // The IPv4 series of a metric kube-proxy labels by family.
-            let rest = l.strip_prefix(series)?;
-            let rest = rest.strip_prefix("{ip_family=\"IPv4\"}").unwrap_or(rest);
-            rest.strip_prefix(' ')
-        })
-        .and_then(|v| v.split(' ').next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-/// A `kB` field of `/proc/<pid>/status`, e.g. `VmHWM` (peak resident memory).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// User + system CPU time of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of /proc/PID/stat (12 and 13 after the name).
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn slice_of(service: usize, generation: usize) -> serde_json::Value {
-    let endpoints: Vec<serde_json::Value> = (0..10)
+fn slice_of(service: usize, generation: usize, per_service: usize) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = (0..per_service)
         .map(|e| {
-            let n = service * 10 + e;
+            let n = service * per_service + e;
             // The first endpoint's address moves with each change; it never comes back to
             // the first one (generation 0), or a change after 199 others would rewrite a
             // slice to what it was, and nothing would be programmed.
@@ -226,22 +91,6 @@ fn slice_of(service: usize, generation: usize) -> serde_json::Value {
     })
 }
 
-struct Row(String, String);
-
-fn quantile(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -250,6 +99,7 @@ async fn main() {
     }
     let services: usize = env_or("BENCH_SERVICES", 1_000);
     let changes: usize = env_or("BENCH_CHANGES", 30);
+    let per_service: usize = env_or("BENCH_ENDPOINTS", 10);
     // The pause after each change's bytes are counted (the gap between changes is about
     // this plus 300 ms plus the change's latency).
     let gap_ms: u64 = env_or("BENCH_GAP_MS", 800);
@@ -260,7 +110,7 @@ async fn main() {
     let watchers: usize = env_or("BENCH_WATCHERS", 0);
     let bins = Bins::locate().expect("binaries: cargo build --release --bins");
     println!(
-        "e2e bench: {services} Services x 10 endpoints, {nodes} node(s), agent --mode {mode}, \
+        "e2e bench: {services} Services x {per_service} endpoints, {nodes} node(s), agent --mode {mode}, \
          binaries {}",
         bins.controller.display()
     );
@@ -274,14 +124,7 @@ async fn main() {
     let client = proxyplan_crds::runtime::client(Some(&plane.kubeconfig()))
         .await
         .unwrap();
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap();
-    for file in ["nodeproxyplans", "serviceproxyplans"] {
-        let path = repo.join(format!("charts/proxyplan/crds/{file}.proxyplan.dev.yaml"));
-        apply_crd_with_client(&client, &path).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    apply_crds(&client).await;
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
@@ -317,7 +160,8 @@ async fn main() {
                     .create(&PostParams::default(), &svc)
                     .await
                     .unwrap();
-                let slice: EndpointSlice = serde_json::from_value(slice_of(i, 0)).unwrap();
+                let slice: EndpointSlice =
+                    serde_json::from_value(slice_of(i, 0, per_service)).unwrap();
                 slice_api
                     .create(&PostParams::default(), &slice)
                     .await
@@ -334,19 +178,13 @@ async fn main() {
 
     // The controller.
     let started = Instant::now();
-    let mut command = Command::new(&bins.controller);
-    command
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig())
-        .args(["--leader-election-namespace", NS, "--identity", "bench"])
-        .args([
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-            "--health-bind-address",
-            "127.0.0.1:0",
-        ])
-        .args(["--cluster-cidr", "10.100.0.0/14", "--log", "warn"]);
+    let mut command = controller_command(
+        &bins.controller,
+        &plane.kubeconfig(),
+        NS,
+        "bench",
+        "10.100.0.0/14",
+    );
     let mut controller = Spawned::start(
         "controller",
         &mut command,
@@ -381,26 +219,26 @@ async fn main() {
         client.clone(),
         plans_path.into(),
         managed.into(),
-        plans_log.clone(),
+        Sink::Events(plans_log.clone()),
     ));
     tokio::spawn(raw_watch(
         client.clone(),
         "/apis/proxyplan.dev/v1alpha1/nodeproxyplans".into(),
         format!("fieldSelector=metadata.name%3D{NODE}"),
-        node_log.clone(),
+        Sink::Events(node_log.clone()),
     ));
     tokio::spawn(raw_watch(
         client.clone(),
         "/apis/discovery.k8s.io/v1/endpointslices".into(),
         "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name".into(),
-        slices_log.clone(),
+        Sink::Events(slices_log.clone()),
     ));
     for _ in 0..watchers {
         tokio::spawn(raw_watch(
             client.clone(),
             plans_path.into(),
             managed.into(),
-            Arc::default(),
+            Sink::Events(Arc::default()),
         ));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -489,9 +327,10 @@ async fn main() {
     let merge_before = metrics.value("proxyplan_agent_merge_duration_seconds_sum");
     let sync_before = metrics.value("kubeproxy_sync_proxy_rules_duration_seconds_sum");
     let cpu_before = cpu_seconds(apiserver_pid);
+    let fsyncs_before = etcd_fsyncs(&workdir.join("cp"));
     for k in 0..changes {
         let service = (k * 7_919 + 13) % services;
-        let slice = slice_of(service, k + 1);
+        let slice = slice_of(service, k + 1, per_service);
         let last_sync = metrics.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds");
         let (plans_mark, node_mark, slices_mark) = (
             plans_log.lock().unwrap().len(),
@@ -547,6 +386,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(gap_ms)).await;
     }
     let cpu_after = cpu_seconds(apiserver_pid);
+    let fsyncs_after = etcd_fsyncs(&workdir.join("cp"));
     #[allow(clippy::cast_precision_loss)]
     let per_change = |after: f64, before: f64| (after - before) / changes as f64 * 1e3;
     let merge_ms = per_change(
@@ -563,15 +403,6 @@ async fn main() {
     let agent_anon = status_kib(agent.child.id(), "RssAnon");
     let agent_file = status_kib(agent.child.id(), "RssFile");
 
-    let ms = |v: &mut Vec<f64>| {
-        format!(
-            "{:.1} / {:.1} / {:.1} / {:.1} ms",
-            quantile(v, 0.5),
-            quantile(v, 0.9),
-            quantile(v, 0.99),
-            quantile(v, 1.0)
-        )
-    };
     let mut sorted = total.clone();
     sorted.sort_by(f64::total_cmp);
     let agent_sorted = {
@@ -590,38 +421,47 @@ async fn main() {
         "e2e bench: the agent's part, sorted (ms): {}",
         list(&agent_sorted)
     );
-    let rows = vec![
-        Row(
+    let rows: Vec<(String, String)> = vec![
+        (
             "Services x endpoints; nodes; agent mode".into(),
-            format!("{services} x 10; {nodes}; {mode} ({backend})"),
+            format!("{services} x {per_service}; {nodes}; {mode} ({backend})"),
         ),
-        Row(
+        (
             "controller: every Service plan written, from its start".into(),
             format!("{:.1} s", controller_wrote_all.as_secs_f64()),
         ),
-        Row(
+        (
             "agent: first sync done, from its start".into(),
             format!("{:.1} s", agent_first_sync.as_secs_f64()),
         ),
-        Row(
+        (
             format!(
                 "change latency, PATCH returned -> kernel updated (median / p90 / p99 / max of {changes})"
             ),
             ms(&mut total),
         ),
-        Row(
+        (
             "  of which controller: delivery, compute, write, delivery back".into(),
             ms(&mut controller_part),
         ),
-        Row(
+        (
             "  of which agent: delivery, merge, dataplane".into(),
             ms(&mut agent_part),
         ),
-        Row(
+        (
             "  agent merge / dataplane sync (mean per change)".into(),
             format!("{merge_ms:.2} / {sync_ms:.2} ms"),
         ),
-        Row(
+        (
+            "etcd WAL fsyncs during the changes: all / over 32 ms / over 64 ms".into(),
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                fsyncs_after.0 - fsyncs_before.0,
+                fsyncs_after.1 - fsyncs_before.1,
+                fsyncs_after.2 - fsyncs_before.2
+            ),
+        ),
+        (
             "bytes one agent receives per change (median / max)".into(),
             format!(
                 "{:.0} / {:.0}",
@@ -629,11 +469,11 @@ async fn main() {
                 quantile(&mut bytes, 1.0)
             ),
         ),
-        Row(
+        (
             "  the EndpointSlice event kube-proxy receives (median)".into(),
             format!("{:.0}", quantile(&mut slice_bytes, 0.5)),
         ),
-        Row(
+        (
             "objects: Service plans; largest event; agent start-up list".into(),
             format!(
                 "{services}; {:.1} KiB; {:.1} MiB",
@@ -641,14 +481,14 @@ async fn main() {
                 total_bytes as f64 / 1048576.0
             ),
         ),
-        Row(
+        (
             format!(
                 "API server CPU per change ({} Service plan watchers)",
                 watchers + 1
             ),
             format!("{apiserver_cpu_ms:.1} ms"),
         ),
-        Row(
+        (
             "peak memory: controller / agent (VmHWM)".into(),
             format!(
                 "{:.0} / {:.0} MiB",
@@ -656,7 +496,7 @@ async fn main() {
                 agent_peak as f64 / 1024.0
             ),
         ),
-        Row(
+        (
             "agent memory at the end: heap and stacks (RssAnon) / its binary (RssFile)".into(),
             format!(
                 "{:.1} / {:.1} MiB",
@@ -665,79 +505,11 @@ async fn main() {
             ),
         ),
     ];
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    println!(
-        "\n| {:width$} | result |\n|{}|---|",
-        "",
-        "-".repeat(width + 2)
-    );
-    for Row(label, value) in rows {
-        println!("| {label:width$} | {value} |");
-    }
+    print_table(&rows);
     agent.stop().await;
     controller.stop().await;
     forwarder.stop().await;
     let _ = procs::delete_netns(&netns);
     drop(plane);
     let _ = std::fs::remove_dir_all(&workdir);
-}
-
-/// How many objects a list with `query` returns: a one-item page and the rest's count when the
-/// API server gives one (lists without a selector), else counted page by page.
-async fn count(client: &Client, path: &str, query: &str) -> usize {
-    let mut total = 0;
-    let mut token = String::new();
-    let mut limit = 1;
-    loop {
-        let uri = format!("{path}?{query}&limit={limit}&continue={token}");
-        let Ok(text) = client
-            .request_text(http::Request::get(&uri).body(Vec::new()).unwrap())
-            .await
-        else {
-            return total;
-        };
-        let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        total += value["items"].as_array().map_or(0, Vec::len);
-        if let Some(rest) = value["metadata"]["remainingItemCount"].as_u64() {
-            return total + usize::try_from(rest).unwrap_or(0);
-        }
-        match value["metadata"]["continue"].as_str() {
-            Some(next) if !next.is_empty() => token = next.to_owned(),
-            _ => return total,
-        }
-        limit = 2000;
-    }
-}
-
-/// The bytes of a full list with `query`, and of its largest item.
-async fn list_bytes(client: &Client, path: &str, query: &str) -> (usize, usize) {
-    let uri = format!("{path}?{query}");
-    let text = client
-        .request_text(http::Request::get(&uri).body(Vec::new()).unwrap())
-        .await
-        .unwrap_or_default();
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    let largest = value["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|item| serde_json::to_vec(item).map_or(0, |v| v.len()))
-        .max()
-        .unwrap_or(0);
-    (text.len(), largest)
-}
-
-async fn apply_crd_with_client(client: &Client, path: &std::path::Path) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let text = std::fs::read_to_string(path).unwrap();
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
-    let name = kube::ResourceExt::name_any(&crd);
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .patch(
-            &name,
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
 }
