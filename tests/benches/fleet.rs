@@ -32,7 +32,7 @@
 //! `FLEET_ZONES` (50), `FLEET_LOCAL` (0.05), `FLEET_HINTED` (0.1), `FLEET_SECONDS` (600
 //! of churn), `FLEET_RATE` (20 EndpointSlice changes/s), `FLEET_BURST_EVERY` (120 s),
 //! `FLEET_BURST_PODS` (500), `FLEET_CHECK_GAP_MS` (250: the checker's pause between two
-//! reads), `FLEET_SEED` (1), `FLEET_AGENT_LOG` (the agents' `--log`, `warn`), `FLEET_KEEP_LOGS` (set: keep
+//! reads), `FLEET_SEED` (1), `FLEET_AGENT_LOG` and `FLEET_CONTROLLER_LOG` (their `--log`, `warn`), `FLEET_KEEP_LOGS` (set: keep
 //! the processes' logs). Without `--bench` it does nothing.
 
 #![allow(
@@ -529,6 +529,7 @@ async fn main() {
     let check_gap = Duration::from_millis(env_or("FLEET_CHECK_GAP_MS", 250));
     let seed: u64 = env_or("FLEET_SEED", 1);
     let agent_log: String = env_or("FLEET_AGENT_LOG", "warn".to_owned());
+    let controller_log: String = env_or("FLEET_CONTROLLER_LOG", "warn".to_owned());
     let bins = Bins::locate().expect("binaries: cargo build --release --bins");
     // Thousands of watches: one socket each.
     let _ =
@@ -690,6 +691,7 @@ async fn main() {
             NS,
             "fleet",
             CLUSTER_CIDR,
+            &controller_log,
         );
         let mut spawned = Spawned::start(
             "controller",

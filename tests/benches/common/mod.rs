@@ -321,13 +321,14 @@ pub fn etcd_fsyncs(control_plane_dir: &std::path::Path) -> (f64, f64, f64) {
 }
 
 /// `proxyplan-controller run` against `kubeconfig`, leader-elected in `namespace`, with its
-/// HTTP ports on free loopback ports and warnings only.
+/// HTTP ports on free loopback ports, logging with filter `log`.
 pub fn controller_command(
     binary: &std::path::Path,
     kubeconfig: &std::path::Path,
     namespace: &str,
     identity: &str,
     cluster_cidr: &str,
+    log: &str,
 ) -> std::process::Command {
     let mut command = std::process::Command::new(binary);
     command
@@ -346,6 +347,6 @@ pub fn controller_command(
             "--health-bind-address",
             "127.0.0.1:0",
         ])
-        .args(["--cluster-cidr", cluster_cidr, "--log", "warn"]);
+        .args(["--cluster-cidr", cluster_cidr, "--log", log]);
     command
 }
