@@ -184,6 +184,7 @@ async fn main() {
         NS,
         "bench",
         "10.100.0.0/14",
+        "warn",
     );
     let mut controller = Spawned::start(
         "controller",
