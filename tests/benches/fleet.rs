@@ -15,25 +15,26 @@
 //!
 //! Latency is measured on the kernels, not from the agents' reports: a listener to
 //! nf_tables' announcements in every node's namespace timestamps each new endpoint
-//! address the moment a commit adds it. A change's fleet latency runs from just before its EndpointSlice PATCH is sent to
-//! the last node whose semantics include the new endpoint (its zone's hints decide)
-//! showing it. The per-node checker (proxyplan only) reads every agent's table with
+//! address the moment a commit adds it. A change's fleet latency runs from just before
+//! its EndpointSlice PATCH is sent to the last node whose semantics include the new
+//! endpoint (its zone's hints decide) showing it. The per-node checker (proxyplan only) reads every agent's table with
 //! `nft -j` over and over, models it independently of the agent
 //! (`proxyplan_tests::nft_model`), and compares each Service with what kube-proxy's
 //! semantics give on that node: ready endpoints, else serving terminating ones; zone hints
 //! when every endpoint has them and one matches the node's zone; for the Local NodePorts
 //! the node's own endpoints, else drop. A difference on a Service written less than a
 //! second before the read is a change in flight; the checker reads that node again until
-//! it agrees and reports how long it disagreed.
+//! it agrees (how long it disagreed is bounded by how often it reads a node), and once
+//! the churn is over reads every node a last time: any difference then is a wrong kernel.
 //!
 //! Environment: `FLEET_PROXY` (`proxyplan` or `kube-proxy`), `FLEET_AGENTS` (K, 100),
-//! `FLEET_NODES` (Node objects, 5,000), `FLEET_WATCHERS` (raw Service-plan watchers;
-//! default nodes − K), `FLEET_SERVICES` (1,000), `FLEET_ENDPOINTS` (10 per Service),
+//! `FLEET_NODES` (Node objects, 5,000), `FLEET_WATCHERS` (raw watchers of the Service
+//! plans, or of the EndpointSlices for kube-proxy; default nodes − K), `FLEET_SERVICES` (1,000), `FLEET_ENDPOINTS` (10 per Service),
 //! `FLEET_ZONES` (50), `FLEET_LOCAL` (0.05), `FLEET_HINTED` (0.1), `FLEET_SECONDS` (600
 //! of churn), `FLEET_RATE` (20 EndpointSlice changes/s), `FLEET_BURST_EVERY` (120 s),
 //! `FLEET_BURST_PODS` (500), `FLEET_CHECK_GAP_MS` (250: the checker's pause between two
-//! reads), `FLEET_SEED` (1), `FLEET_AGENT_LOG` and `FLEET_CONTROLLER_LOG` (their `--log`, `warn`), `FLEET_KEEP_LOGS` (set: keep
-//! the processes' logs). Without `--bench` it does nothing.
+//! reads), `FLEET_SEED` (1), `FLEET_AGENT_LOG` and `FLEET_CONTROLLER_LOG` (their
+//! `--log`, `warn`), `FLEET_KEEP_LOGS` (set: keep the processes' logs). Without `--bench` it does nothing.
 
 #![allow(
     clippy::unwrap_used,
