@@ -40,16 +40,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use proxyplan_tests::control_plane::ControlPlane;
 use proxyplan_tests::e2e::{forward, kubeconfig};
 use serde_json::json;
 
 use common::{
-    AgentMetrics, Log, Sink, apply_crds, controller_command, count, cpu_seconds, env_or,
-    etcd_fsyncs, list_bytes, metric, ms, print_table, quantile, raw_watch, status_kib, unix,
+    AgentMetrics, Log, Sink, controller_command, count, cpu_seconds, env_or, etcd_fsyncs,
+    list_bytes, metric, ms, print_table, quantile, raw_watch, start_plane, status_kib, unix,
 };
 use procs::{Bins, Spawned};
 
@@ -116,20 +115,7 @@ async fn main() {
     );
     let workdir = std::env::temp_dir().join(format!("proxyplan-bench-{}", std::process::id()));
     std::fs::create_dir_all(&workdir).unwrap();
-    let plane = ControlPlane::start(&workdir.join("cp"), false).expect("control plane");
-    let apiserver_pid: u32 = std::fs::read_to_string(workdir.join("cp/kube-apiserver.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or(0);
-    let client = proxyplan_crds::runtime::client(Some(&plane.kubeconfig()))
-        .await
-        .unwrap();
-    apply_crds(&client).await;
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    let (plane, client, apiserver_pid) = start_plane(&workdir, NS).await;
     let node_api: Api<Node> = Api::all(client.clone());
     for n in 0..nodes {
         let node: Node = serde_json::from_value(json!({

@@ -59,17 +59,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use proxyplan_tests::control_plane::ControlPlane;
 use proxyplan_tests::e2e::{forward, kubeconfig};
 use proxyplan_tests::nft_model::{self, Proto, Verdict};
 use serde_json::json;
 
 use common::{
-    AgentMetrics, Sink, apply_crds, controller_command, count, cpu_seconds, env_or, list_bytes,
-    metric, ms, now, print_table, quantile, raw_watch, status_kib,
+    AgentMetrics, Sink, controller_command, count, cpu_seconds, env_or, list_bytes, metric, ms,
+    now, print_table, quantile, raw_watch, start_plane, status_kib,
 };
 use procs::{Bins, Spawned};
 
@@ -542,24 +541,7 @@ async fn main() {
 
     let workdir = std::env::temp_dir().join(format!("proxyplan-fleet-{}", std::process::id()));
     std::fs::create_dir_all(&workdir).unwrap();
-    let plane = ControlPlane::start(&workdir.join("cp"), false).expect("control plane");
-    let pid_of = |name: &str| -> u32 {
-        std::fs::read_to_string(workdir.join(format!("cp/{name}.pid")))
-            .ok()
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let apiserver_pid = pid_of("kube-apiserver");
-    let client = proxyplan_crds::runtime::client(Some(&plane.kubeconfig()))
-        .await
-        .unwrap();
-    apply_crds(&client).await;
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-
+    let (plane, client, apiserver_pid) = start_plane(&workdir, NS).await;
     // Nodes.
     let started = Instant::now();
     let node_api: Api<Node> = Api::all(client.clone());

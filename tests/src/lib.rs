@@ -10,4 +10,5 @@
 
 pub mod control_plane;
 pub mod e2e;
+pub mod metrics;
 pub mod nft_model;

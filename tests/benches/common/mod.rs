@@ -143,16 +143,9 @@ fn fetch(address: SocketAddr) -> String {
     text
 }
 
+/// A sample of a `/metrics` text; NaN when it is not there.
 pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            // The IPv4 series of a metric kube-proxy labels by family.
-            let rest = l.strip_prefix(series)?;
-            let rest = rest.strip_prefix("{ip_family=\"IPv4\"}").unwrap_or(rest);
-            rest.strip_prefix(' ')
-        })
-        .and_then(|v| v.split(' ').next()?.parse().ok())
-        .unwrap_or(f64::NAN)
+    proxyplan_tests::metrics::sample(text, series).unwrap_or(f64::NAN)
 }
 
 /// A `kB` field of `/proc/<pid>/status`, e.g. `VmHWM` (peak resident memory).
@@ -299,17 +292,10 @@ pub fn etcd_fsyncs(control_plane_dir: &std::path::Path) -> (f64, f64, f64) {
         .lines()
         .find_map(|l| l.strip_prefix("etcd=")?.trim().parse().ok())
         .unwrap_or(0);
-    let text = {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return (f64::NAN, f64::NAN, f64::NAN);
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
-        let mut text = String::new();
-        let _ = stream.read_to_string(&mut text);
-        text
-    };
+    let text = fetch(SocketAddr::from(([127, 0, 0, 1], port)));
+    if text.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
     let bucket = |le: &str| {
         metric(
             &text,
@@ -349,4 +335,30 @@ pub fn controller_command(
         ])
         .args(["--cluster-cidr", cluster_cidr, "--log", log]);
     command
+}
+
+/// A control plane of its own in `workdir/cp`, a client of it with the CRDs applied and
+/// namespace `namespace` created, and the API server's process id.
+pub async fn start_plane(
+    workdir: &std::path::Path,
+    namespace: &str,
+) -> (proxyplan_tests::control_plane::ControlPlane, Client, u32) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let plane = proxyplan_tests::control_plane::ControlPlane::start(&workdir.join("cp"), false)
+        .expect("control plane");
+    let apiserver_pid = std::fs::read_to_string(workdir.join("cp/kube-apiserver.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(0);
+    let client = proxyplan_crds::runtime::client(Some(&plane.kubeconfig()))
+        .await
+        .unwrap();
+    apply_crds(&client).await;
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &ns)
+        .await
+        .unwrap();
+    (plane, client, apiserver_pid)
 }

@@ -66,16 +66,7 @@ fn line_diff(before: &str, after: &str) -> String {
         .join("\n")
 }
 
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| {
-            // The IPv4 series of a metric kube-proxy labels by family.
-            let rest = l.strip_prefix(series)?;
-            let rest = rest.strip_prefix("{ip_family=\"IPv4\"}").unwrap_or(rest);
-            rest.strip_prefix(' ')
-        })
-        .and_then(|v| v.split(' ').next()?.parse().ok())
-}
+use proxyplan_tests::metrics::sample as metric;
 
 impl Faults {
     /// The agent is killed and started again on the same kernel: the rules stay while it
