@@ -116,7 +116,7 @@ impl PolicyArgs {
 
 #[derive(Debug, Args)]
 struct PlanArgs {
-    /// Files of Services, EndpointSlices and Nodes (YAML documents, JSON, or `List`s, as
+    /// Files of Services, EndpointSlices, Nodes and ServiceCIDRs (YAML documents, JSON, or `List`s, as
     /// `kubectl get -o yaml|json` prints them); `-` reads standard input.
     #[arg(long = "state", value_name = "FILE", required = true, num_args = 1..)]
     state: Vec<PathBuf>,
@@ -210,9 +210,23 @@ fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>();
-    let errors = planner
-        .reset_nodes(&state.nodes)
+    let cidr_errors: Vec<ObjectError> = state
+        .service_cidrs
+        .iter()
+        .filter_map(|cidr| {
+            let ranges = cidr
+                .spec
+                .as_ref()
+                .and_then(|s| s.cidrs.clone())
+                .unwrap_or_default();
+            planner
+                .apply_service_cidr(cidr.metadata.name.as_deref().unwrap_or_default(), &ranges)
+                .err()
+        })
+        .collect();
+    let errors = cidr_errors
         .into_iter()
+        .chain(planner.reset_nodes(&state.nodes))
         .chain(planner.reset_services(&state.services))
         .chain(planner.reset_slices(&state.slices));
     for err in errors {

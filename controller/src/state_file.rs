@@ -5,6 +5,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 
 /// The objects read from state files.
@@ -16,6 +17,8 @@ pub struct ClusterState {
     pub slices: Vec<EndpointSlice>,
     /// Nodes.
     pub nodes: Vec<Node>,
+    /// ServiceCIDRs (every node plan carries their union, as the controller's do).
+    pub service_cidrs: Vec<ServiceCIDR>,
     /// Documents that could not be used, with the reason.
     pub skipped: Vec<SkippedObject>,
     /// Where each object was read (`file:document`), by `Kind namespace/name`.
@@ -136,13 +139,17 @@ impl ClusterState {
             object: object.clone(),
             reason,
         };
-        if matches!(kind.as_str(), "Service" | "EndpointSlice" | "Node") {
+        if matches!(
+            kind.as_str(),
+            "Service" | "EndpointSlice" | "Node" | "ServiceCIDR"
+        ) {
             self.sources.insert(object.clone(), source.to_owned());
         }
         let result = match kind.as_str() {
             "Service" => serde_json::from_value(value).map(|s| self.services.push(s)),
             "EndpointSlice" => serde_json::from_value(value).map(|s| self.slices.push(s)),
             "Node" => serde_json::from_value(value).map(|n| self.nodes.push(n)),
+            "ServiceCIDR" => serde_json::from_value(value).map(|c| self.service_cidrs.push(c)),
             "" => {
                 self.skipped.push(skip("no kind".to_owned()));
                 return;

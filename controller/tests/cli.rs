@@ -63,6 +63,52 @@ fn json_output_is_a_list_of_every_object() {
     assert_eq!(list["items"].as_array().map(Vec::len), Some(7));
 }
 
+/// ServiceCIDRs in the state reach every node plan, as the running controller's do (a
+/// dump of any cluster since 1.33 holds at least the default one); a malformed one is
+/// skipped, naming its field.
+#[test]
+fn service_cidrs_reach_every_node_plan_and_a_malformed_one_is_named() {
+    let dir = std::env::temp_dir().join(format!("pp-cli-cidr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let file = dir.join("cidrs.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16]}\n\
+         ---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: broken}\nspec: {cidrs: [10.300.0.0/16]}\n",
+    )
+    .expect("write state");
+    let path = file.display().to_string();
+    let (code, stdout, stderr) = plan(&[
+        "--state",
+        "examples/cluster.yaml",
+        "--state",
+        &path,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("ServiceCIDR broken") && stderr.contains("spec.cidrs[0]"),
+        "{stderr}"
+    );
+    let list: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let node_plans: Vec<&serde_json::Value> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|o| o["kind"] == "NodeProxyPlan")
+        .collect();
+    assert_eq!(node_plans.len(), 2);
+    for plan in node_plans {
+        assert_eq!(
+            plan["spec"]["serviceCIDRs"],
+            serde_json::json!(["10.96.0.0/16"]),
+            "{plan}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn unusable_objects_are_reported_with_their_source_and_exit_3() {
     let dir = std::env::temp_dir().join(format!("pp-cli-{}", std::process::id()));
