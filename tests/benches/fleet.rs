@@ -35,6 +35,27 @@
 //! `FLEET_BURST_PODS` (500), `FLEET_CHECK_GAP_MS` (250: the checker's pause between two
 //! reads), `FLEET_SEED` (1), `FLEET_AGENT_LOG` and `FLEET_CONTROLLER_LOG` (their
 //! `--log`, `warn`), `FLEET_KEEP_LOGS` (set: keep the processes' logs). Without `--bench` it does nothing.
+//!
+//! **The soak** (issue: an hour of churn and faults): `FLEET_FAULTS=30` injects a fault
+//! about every 30 s (exponential gaps, so they overlap), of the kinds in `fleet/faults.rs`
+//! (agent and controller-leader SIGKILL, leader SIGSTOP, API server and etcd restarts,
+//! partitions of a node from the API server, tampering with a node's table, its state
+//! directory removed), with two controller replicas. Each fault is followed until every
+//! node it touched reads back matching its semantics. The churn adds: a Local NodePort
+//! flipped to Cluster policy and back every 20 s, zone hints taken away and back, a
+//! hundred Nodes deleted and added again every minute, and every
+//! `FLEET_SERVICE_BURST_EVERY` seconds (300) `FLEET_SERVICE_BURST` Services (1,000)
+//! created at once, the first with `FLEET_BIG` endpoints (6,000), all deleted two minutes
+//! later. Pods on `FLEET_PROBES` nodes (4) connect to two Services whose endpoints never
+//! go, every 200 ms; the processes' memory, files, sockets and threads are sampled every
+//! minute. At the end, with or without faults, the cluster is dumped and planned again
+//! offline (`proxyplan-controller plan`), every plan in the API server is compared with
+//! that, and every agent's applied revision is read:
+//!
+//! ```text
+//! sudo FLEET_FAULTS=30 FLEET_SECONDS=3600 FLEET_AGENTS=20 FLEET_NODES=1000 \
+//!   cargo bench -p proxyplan-tests --bench fleet
+//! ```
 
 #![allow(
     clippy::unwrap_used,
@@ -46,6 +67,8 @@
 )]
 
 mod common;
+#[path = "fleet/faults.rs"]
+mod faults;
 
 #[path = "../tests/e2e/procs.rs"]
 #[allow(dead_code, reason = "shared with the e2e suite")]
@@ -70,7 +93,7 @@ use common::{
     AgentMetrics, Sink, controller_command, count, cpu_seconds, env_or, list_bytes, metric, ms,
     now, print_table, quantile, raw_watch, start_plane, status_kib,
 };
-use procs::{Bins, Spawned};
+use procs::Bins;
 
 const NS: &str = "fleet";
 const API_IN_NETNS: &str = "127.0.0.1:6443";
@@ -80,6 +103,12 @@ const TARGET_PORT: u16 = 8080;
 const FIRST_POD: u32 = u32::from_be_bytes([10, 128, 0, 1]);
 /// A change on a Service written this long before a read may still be in flight.
 const IN_FLIGHT: f64 = 1.0;
+/// The soak's probe targets' endpoints: on every probe node's `lo`, served there.
+const STABLE: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(10, 255, 0, 1),
+    Ipv4Addr::new(10, 255, 0, 2),
+    Ipv4Addr::new(10, 255, 0, 3),
+];
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -123,10 +152,23 @@ struct Svc {
     vip: Ipv4Addr,
     node_port: u16,
     endpoints: Vec<Endpoint>,
-    /// When the state above was last sent (just before its PATCH).
+    /// When the state above was last sent (just before its PATCH), then when the API
+    /// server acknowledged it.
     written: f64,
     /// A burst owns it: the steady writer leaves it alone.
     busy: bool,
+    /// Its last write is not acknowledged yet (the API server may be down): in flight.
+    pending: bool,
+    /// A probe target of the soak: never churned, its endpoints always there.
+    stable: bool,
+    /// `externalTrafficPolicy: Local` (a `Local` Service; a soak flips it to Cluster and
+    /// back).
+    external_local: bool,
+    /// Its endpoints carry zone hints (a `Hinted` Service; a soak takes them away and
+    /// back).
+    hints: bool,
+    /// The Service exists (a soak's bursts create and delete theirs).
+    exists: bool,
 }
 
 struct Fleet {
@@ -137,6 +179,8 @@ struct Fleet {
     replicas: usize,
     next_ip: u32,
     rng: Rng,
+    /// A soak: topology and policy change too.
+    soak: bool,
 }
 
 impl Fleet {
@@ -169,7 +213,10 @@ impl Fleet {
         let zone = self.zone_of(node);
         let chosen: Vec<&Endpoint> = if ready.is_empty() {
             svc.endpoints.iter().filter(|e| e.terminating).collect()
-        } else if svc.kind == Kind::Hinted && ready.iter().any(|e| self.zone_of(e.node) == zone) {
+        } else if svc.kind == Kind::Hinted
+            && svc.hints
+            && ready.iter().any(|e| self.zone_of(e.node) == zone)
+        {
             ready
                 .into_iter()
                 .filter(|e| self.zone_of(e.node) == zone)
@@ -209,6 +256,11 @@ impl Fleet {
     /// endpoint starts terminating instead, then all go, then the Deployment comes back.
     /// Returns the addresses that appeared.
     fn roll(&mut self, s: usize) -> Vec<u32> {
+        // A soak's topology change: the hints go (or come back).
+        if self.soak && self.services[s].kind == Kind::Hinted && self.rng.chance(0.05) {
+            self.services[s].hints = !self.services[s].hints;
+            return Vec::new();
+        }
         let drain = self.services[s].kind == Kind::Plain && self.rng.chance(0.02);
         let svc = &self.services[s];
         if svc.endpoints.is_empty() {
@@ -277,7 +329,7 @@ impl Fleet {
                     "targetRef": {"kind": "Pod", "namespace": NS,
                                   "name": format!("pod-{}", e.ip - FIRST_POD)}
                 });
-                if svc.kind == Kind::Hinted {
+                if svc.kind == Kind::Hinted && svc.hints {
                     item["hints"] = json!({"forZones": [{"name": zone}]});
                 }
                 item
@@ -285,6 +337,450 @@ impl Fleet {
             .collect();
         serde_json::Value::Array(items)
     }
+}
+
+/// The soak's verdict: per fault kind, how many, how long until every node it touched
+/// matched its semantics again, and the probe failures while one was in progress on the
+/// probe's node (or everywhere); then every probe failure, and the resource samples of
+/// the first and last ten minutes.
+fn report_soak(
+    log: &[faults::Injected],
+    probes: &faults::Probes,
+    samples: &[String],
+    behind_disturbed: usize,
+) {
+    let mut rows = vec![(
+        "fault: injected (alone / overlapping another on its nodes); every node it touched \
+         back to its semantics after it was lifted: alone p99 / max, overlapping max; never \
+         (needed a human); probe failures during it"
+            .to_owned(),
+        String::new(),
+    )];
+    for kind in faults::KINDS {
+        let of_kind: Vec<&faults::Injected> = log.iter().filter(|f| f.kind == kind).collect();
+        let mut times: Vec<f64> = of_kind
+            .iter()
+            .filter(|f| !f.overlapped)
+            .filter_map(|f| f.recovered)
+            .collect();
+        let mut overlapping: Vec<f64> = of_kind
+            .iter()
+            .filter(|f| f.overlapped)
+            .filter_map(|f| f.recovered)
+            .collect();
+        let alone = of_kind.iter().filter(|f| !f.overlapped).count();
+        let never = of_kind.iter().filter(|f| f.recovered.is_none()).count();
+        let failures = probes
+            .failures
+            .iter()
+            .filter(|(at, k, _, _)| {
+                of_kind.iter().any(|f| {
+                    let end = f.lifted + f.recovered.unwrap_or(300.0);
+                    *at >= f.injected - 1.0
+                        && *at <= end + 1.0
+                        && (f.scope == faults::Scope::All || f.scope == faults::Scope::Node(*k))
+                })
+            })
+            .count();
+        rows.push((
+            format!("  {kind}"),
+            format!(
+                "{} ({alone} / {}); {:.2} / {:.2} s, {:.2} s; {never}; {failures}",
+                of_kind.len(),
+                of_kind.len() - alone,
+                quantile(&mut times.clone(), 0.99),
+                quantile(&mut times, 1.0),
+                quantile(&mut overlapping, 1.0)
+            ),
+        ));
+    }
+    rows.push((
+        "probes: connections opened; failed".into(),
+        format!("{}; {}", probes.attempts, probes.failures.len()),
+    ));
+    rows.push((
+        "checker: differences past 1 s on a node a fault touched (counted by recovery)".into(),
+        format!("{behind_disturbed}"),
+    ));
+    print_table(&rows);
+    for (at, k, name, why) in probes.failures.iter().take(30) {
+        let during: Vec<String> = log
+            .iter()
+            .filter(|f| {
+                *at >= f.injected - 1.0
+                    && *at <= f.lifted + f.recovered.unwrap_or(300.0) + 1.0
+                    && (f.scope == faults::Scope::All || f.scope == faults::Scope::Node(*k))
+            })
+            .map(|f| format!("{} ({})", f.kind, f.detail))
+            .collect();
+        println!(
+            "fleet bench: PROBE FAILED from {} to {name} at {at:.1}: {why}; during: {}",
+            node_name(*k),
+            if during.is_empty() {
+                "no fault".to_owned()
+            } else {
+                during.join(", ")
+            }
+        );
+    }
+    for f in log.iter().filter(|f| f.recovered.is_none()) {
+        println!(
+            "fleet bench: NEVER RECOVERED {} {:?}: {}",
+            f.kind, f.scope, f.detail
+        );
+    }
+    for f in log {
+        println!(
+            "fleet bench: fault {} {:?} at {:.1}: {}; lifted after {:.1} s; recovered {}{}{}",
+            f.kind,
+            f.scope,
+            f.injected,
+            f.detail,
+            f.lifted - f.injected,
+            f.recovered
+                .map_or("never".to_owned(), |r| format!("{r:.2} s later")),
+            if f.overlapped { "; overlapped" } else { "" },
+            if f.left_to_others > 0 {
+                format!("; {} nodes left to other faults", f.left_to_others)
+            } else {
+                String::new()
+            }
+        );
+    }
+    let (first, last) = samples.split_at(samples.len().min(10));
+    for (i, line) in first.iter().enumerate() {
+        println!("fleet bench: resources, minute {}: {line}", i + 1);
+    }
+    let skip = last.len().saturating_sub(10);
+    for (i, line) in last.iter().enumerate().skip(skip) {
+        println!(
+            "fleet bench: resources, minute {}: {line}",
+            first.len() + i + 1
+        );
+    }
+}
+
+/// The end state, exactly: the cluster's Services, EndpointSlices, Nodes and ServiceCIDRs dumped and
+/// planned again offline (`proxyplan-controller plan`), every plan in the API server
+/// compared with that field by field, and every agent's node plan status read (the plan
+/// revision it applied, and Ready). Returns table rows and the differences found.
+async fn final_equality(
+    client: &kube::Client,
+    controller: &std::path::Path,
+    workdir: &std::path::Path,
+    agents: usize,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let list = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let text = client
+                .request_text(http::Request::get(path).body(Vec::new()).unwrap())
+                .await
+                .unwrap();
+            let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let api_version = list["apiVersion"].clone();
+            let kind = list["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .trim_end_matches("List")
+                .to_owned();
+            list["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|mut item| {
+                    item["apiVersion"] = api_version.clone();
+                    item["kind"] = json!(kind);
+                    item
+                })
+                .collect::<Vec<serde_json::Value>>()
+        }
+    };
+    let mut state = list("/api/v1/services").await;
+    state.extend(list("/apis/discovery.k8s.io/v1/endpointslices").await);
+    state.extend(list("/api/v1/nodes").await);
+    state.extend(list("/apis/networking.k8s.io/v1/servicecidrs").await);
+    let dump = workdir.join("cluster-state.json");
+    std::fs::write(
+        &dump,
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": state})).unwrap(),
+    )
+    .unwrap();
+    let out = Command::new(controller)
+        .args([
+            "plan",
+            "-o",
+            "json",
+            "--cluster-cidr",
+            CLUSTER_CIDR,
+            "--state",
+        ])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let mut differences = Vec::new();
+    if !out.status.success() {
+        differences.push(format!(
+            "proxyplan-controller plan: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let planned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let key = |o: &serde_json::Value| {
+        (
+            o["kind"].as_str().unwrap_or_default().to_owned(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    let planned: std::collections::BTreeMap<_, _> = planned["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| (key(&o), o["spec"].clone()))
+        .collect();
+    let mut live = list("/apis/proxyplan.dev/v1alpha1/serviceproxyplans").await;
+    let node_plans = list("/apis/proxyplan.dev/v1alpha1/nodeproxyplans").await;
+    live.extend(node_plans.iter().cloned());
+    let live: std::collections::BTreeMap<_, _> =
+        live.iter().map(|o| (key(o), o["spec"].clone())).collect();
+    let mut equal = 0;
+    for (k, spec) in &planned {
+        match live.get(k) {
+            Some(l) if l == spec => equal += 1,
+            Some(_) => differences.push(format!("{k:?}: its spec differs from the offline plan")),
+            None => differences.push(format!("{k:?}: planned offline, not in the API server")),
+        }
+    }
+    for k in live.keys().filter(|k| !planned.contains_key(*k)) {
+        differences.push(format!("{k:?}: in the API server, not planned offline"));
+    }
+    let mut applied = 0;
+    for n in 0..agents {
+        let name = node_name(n);
+        let Some(plan) = node_plans
+            .iter()
+            .find(|p| p["metadata"]["name"].as_str() == Some(name.as_str()))
+        else {
+            differences.push(format!("{name}: no node plan"));
+            continue;
+        };
+        let ready = plan["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if plan["status"]["appliedRevision"] == plan["spec"]["revision"] && ready {
+            applied += 1;
+        } else {
+            differences.push(format!(
+                "{name}: applied revision {}, plan revision {}, Ready {ready}",
+                plan["status"]["appliedRevision"], plan["spec"]["revision"]
+            ));
+        }
+    }
+    let rows = vec![
+        (
+            "end state: plans in the API server equal to `proxyplan-controller plan` over a dump of the cluster".into(),
+            format!("{equal} of {} ({} objects dumped)", planned.len(), state_len(&dump)),
+        ),
+        (
+            "end state: agents Ready with their node plan's revision applied".into(),
+            format!("{applied} of {agents}"),
+        ),
+    ];
+    (rows, differences)
+}
+
+fn state_len(dump: &std::path::Path) -> usize {
+    std::fs::read(dump)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["items"].as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
+/// Retries `f` while the API server is away (every 0.5 s, up to 10 minutes); a conflict
+/// (already there, already gone) is done.
+async fn persist<T, F: std::future::Future<Output = Result<T, kube::Error>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) {
+    for _ in 0..1_200 {
+        match f().await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    panic!("{what}: the API server did not take it within 10 minutes");
+}
+
+/// A burst Service `i` created with `count` endpoints in slices of 1,000, and marked
+/// existing once all are acknowledged.
+async fn create_service(
+    fleet: &Mutex<Fleet>,
+    service_api: &Api<Service>,
+    slice_api: &Api<EndpointSlice>,
+    i: usize,
+    count: usize,
+) {
+    let (name, chunks) = {
+        let mut fleet = fleet.lock().unwrap();
+        let endpoints: Vec<Endpoint> = (0..count).map(|_| fleet.new_endpoint()).collect();
+        fleet.services[i].endpoints = endpoints;
+        fleet.services[i].pending = true;
+        let all = fleet.slice_endpoints(i);
+        let chunks: Vec<serde_json::Value> = all
+            .as_array()
+            .unwrap()
+            .chunks(1_000)
+            .map(|c| serde_json::Value::Array(c.to_vec()))
+            .collect();
+        (fleet.services[i].name.clone(), chunks)
+    };
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": TARGET_PORT}]}
+    }))
+    .unwrap();
+    let post = PostParams::default();
+    persist(&name, || service_api.create(&post, &svc)).await;
+    let vip: Ipv4Addr = loop {
+        match service_api.get(&name).await {
+            Ok(s) => {
+                break s
+                    .spec
+                    .and_then(|s| s.cluster_ip)
+                    .and_then(|ip| ip.parse().ok())
+                    .unwrap();
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    for (j, endpoints) in chunks.into_iter().enumerate() {
+        let slice_name = if j == 0 {
+            format!("{name}-fleet")
+        } else {
+            format!("{name}-fleet-{j}")
+        };
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": slice_name, "namespace": NS,
+                         "labels": {"kubernetes.io/service-name": name,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": TARGET_PORT, "protocol": "TCP"}],
+            "endpoints": endpoints
+        }))
+        .unwrap();
+        persist(&slice_name, || slice_api.create(&post, &slice)).await;
+    }
+    let mut fleet = fleet.lock().unwrap();
+    let svc = &mut fleet.services[i];
+    svc.vip = vip;
+    svc.exists = true;
+    svc.pending = false;
+    svc.written = now();
+}
+
+/// A burst Service `i` deleted with its slices.
+async fn delete_service(
+    fleet: &Mutex<Fleet>,
+    service_api: &Api<Service>,
+    slice_api: &Api<EndpointSlice>,
+    i: usize,
+) {
+    let (name, slices) = {
+        let mut fleet = fleet.lock().unwrap();
+        let svc = &mut fleet.services[i];
+        svc.exists = false;
+        svc.pending = true;
+        (svc.name.clone(), svc.endpoints.len().div_ceil(1_000))
+    };
+    let params = kube::api::DeleteParams::default();
+    persist(&name, || service_api.delete(&name, &params)).await;
+    for j in 0..slices {
+        let slice_name = if j == 0 {
+            format!("{name}-fleet")
+        } else {
+            format!("{name}-fleet-{j}")
+        };
+        persist(&slice_name, || slice_api.delete(&slice_name, &params)).await;
+    }
+    let mut fleet = fleet.lock().unwrap();
+    let svc = &mut fleet.services[i];
+    svc.endpoints.clear();
+    svc.pending = false;
+    svc.written = now();
+}
+
+/// The process id a pid file names (0 when unreadable).
+fn pid_file(path: &std::path::Path) -> u32 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One line of the soak's resource samples: the agents' resident memory (median / max),
+/// most open files, sockets and threads of any agent; each controller's; the API server's
+/// memory and its open watches.
+async fn sample_resources(
+    agents: &[Arc<faults::Restartable>],
+    controllers: &[Arc<faults::Restartable>],
+    apiserver: u32,
+    client: &kube::Client,
+) -> String {
+    let mut rss: Vec<f64> = Vec::new();
+    let (mut fds, mut sockets, mut threads) = (0, 0, 0);
+    for a in agents {
+        let r = faults::resources(a.pid());
+        rss.push(r.rss_kib as f64 / 1024.0);
+        fds = fds.max(r.fds);
+        sockets = sockets.max(r.sockets);
+        threads = threads.max(r.threads);
+    }
+    let controllers: Vec<String> = controllers
+        .iter()
+        .map(|c| {
+            let r = faults::resources(c.pid());
+            format!(
+                "{} {:.0} MiB, {} files ({} sockets), {} threads",
+                c.label,
+                r.rss_kib as f64 / 1024.0,
+                r.fds,
+                r.sockets,
+                r.threads
+            )
+        })
+        .collect();
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_default();
+    let watches: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    format!(
+        "agents {:.0} / {:.0} MiB, at most {fds} files ({sockets} sockets) and {threads} threads; \
+         {}; API server {:.0} MiB, {watches} watches",
+        quantile(&mut rss.clone(), 0.5),
+        quantile(&mut rss, 1.0),
+        controllers.join("; "),
+        status_kib(apiserver, "VmRSS") as f64 / 1024.0
+    )
 }
 
 fn socket(ip: u32) -> SocketAddrV4 {
@@ -389,6 +885,11 @@ fn monitor(netns: &str, agent: usize, seen: Seen) {
 /// What the checker found.
 #[derive(Default)]
 struct Checked {
+    /// Nodes a soak fault touches now (see `faults::Soak::disturbed`).
+    disturbed: Arc<Mutex<HashMap<usize, usize>>>,
+    /// Differences past `IN_FLIGHT` on a node a fault touched: counted by the fault's
+    /// recovery time instead.
+    behind_disturbed: usize,
     reads: usize,
     read_ms: Vec<f64>,
     /// Services compared, over all reads.
@@ -406,14 +907,15 @@ struct Checked {
 }
 
 /// Reads agent `k`'s table and compares it with the fleet's semantics for that node.
-/// Returns whether every Service agreed.
+/// Returns whether every Service agreed, and whether every Service not in flight did (a
+/// write not yet acknowledged, or acknowledged less than `IN_FLIGHT` before the read).
 async fn check_node(
     k: usize,
     netns: &str,
     fleet: &Mutex<Fleet>,
     checked: &Mutex<Checked>,
     last_pass: bool,
-) -> bool {
+) -> (bool, bool) {
     let started = now();
     let output = tokio::process::Command::new("ip")
         .args([
@@ -439,7 +941,7 @@ async fn check_node(
                 Ok(view) => view,
                 Err(e) => {
                     checked.errors.push(format!("node {k}: {e}"));
-                    return false;
+                    return (false, false);
                 }
             }
         }
@@ -448,24 +950,42 @@ async fn check_node(
                 "node {k}: nft: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
-            return false;
+            return (false, false);
         }
         Err(e) => {
             checked.errors.push(format!("node {k}: nft: {e}"));
-            return false;
+            return (false, false);
         }
     };
     let fleet = fleet.lock().unwrap();
-    let mut all_agree = true;
+    let disturbed = faults::Soak::is_disturbed(&checked.disturbed, k);
+    let (mut all_agree, mut settled) = (true, true);
+    let live_vips: std::collections::HashSet<Ipv4Addr> = fleet
+        .services
+        .iter()
+        .filter(|s| s.exists)
+        .map(|s| s.vip)
+        .collect();
     for (s, svc) in fleet.services.iter().enumerate() {
         let mut differs = Vec::new();
-        let want = fleet.cluster_expected(svc, k);
-        let got = view.services.get(&(svc.vip, Proto::Tcp, 80));
-        if got != Some(&want) {
-            differs.push(format!("cluster IP: kernel {got:?}, semantics {want:?}"));
+        if svc.exists {
+            let want = fleet.cluster_expected(svc, k);
+            let got = view.services.get(&(svc.vip, Proto::Tcp, 80));
+            if got != Some(&want) {
+                differs.push(format!("cluster IP: kernel {got:?}, semantics {want:?}"));
+            }
+        } else if svc.vip != Ipv4Addr::UNSPECIFIED && !live_vips.contains(&svc.vip) {
+            // Deleted (its address not given to another Service since): nothing there.
+            if let Some(got) = view.services.get(&(svc.vip, Proto::Tcp, 80)) {
+                differs.push(format!("deleted, the kernel still has {got:?}"));
+            }
         }
-        if svc.kind == Kind::Local {
-            let want = fleet.local_expected(svc, k);
+        if svc.exists && svc.kind == Kind::Local {
+            let want = if svc.external_local {
+                fleet.local_expected(svc, k)
+            } else {
+                fleet.cluster_expected(svc, k)
+            };
             let got = view.node_ports.get(&(Proto::Tcp, svc.node_port));
             if got != Some(&want) {
                 differs.push(format!("node port: kernel {got:?}, semantics {want:?}"));
@@ -479,6 +999,8 @@ async fn check_node(
             continue;
         }
         all_agree = false;
+        let in_flight = svc.pending || started - svc.written < IN_FLIGHT;
+        settled &= in_flight;
         // The kernel is behind since this state was written (it agreed before, or this
         // episode started earlier).
         checked.open.entry((k, s)).or_insert(svc.written);
@@ -489,9 +1011,11 @@ async fn check_node(
                 node_name(k),
                 differs.join("; ")
             ));
-        } else if started - svc.written >= IN_FLIGHT {
+        } else if !in_flight && disturbed {
+            checked.behind_disturbed += 1;
+        } else if !in_flight {
             checked.mismatches.push(format!(
-                "{} on {} ({:.1} s after its write): {}",
+                "{} on {} at {started:.1} ({:.1} s after its write): {}",
                 svc.name,
                 node_name(k),
                 started - svc.written,
@@ -499,7 +1023,7 @@ async fn check_node(
             ));
         }
     }
-    all_agree
+    (all_agree, settled)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -530,6 +1054,14 @@ async fn main() {
     let seed: u64 = env_or("FLEET_SEED", 1);
     let agent_log: String = env_or("FLEET_AGENT_LOG", "warn".to_owned());
     let controller_log: String = env_or("FLEET_CONTROLLER_LOG", "warn".to_owned());
+    let fault_every: f64 = env_or("FLEET_FAULTS", 0.0);
+    let soak = fault_every > 0.0;
+    assert!(
+        !(soak && kube_proxy),
+        "FLEET_FAULTS: the soak runs proxyplan"
+    );
+    let probe_nodes: usize = env_or("FLEET_PROBES", if soak { 4 } else { 0 }).min(agents);
+    let stable_services = if soak { STABLE.len() } else { 0 };
     let bins = Bins::locate().expect("binaries: cargo build --release --bins");
     // Thousands of watches: one socket each.
     let _ =
@@ -542,6 +1074,7 @@ async fn main() {
     let workdir = std::env::temp_dir().join(format!("proxyplan-fleet-{}", std::process::id()));
     std::fs::create_dir_all(&workdir).unwrap();
     let (plane, client, apiserver_pid) = start_plane(&workdir, NS).await;
+    let plane = Arc::new(plane);
     // Nodes.
     let started = Instant::now();
     let node_api: Api<Node> = Api::all(client.clone());
@@ -584,6 +1117,7 @@ async fn main() {
         replicas,
         next_ip: FIRST_POD,
         rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+        soak,
     };
     let service_api: Api<Service> = Api::namespaced(client.clone(), NS);
     let slice_api: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
@@ -596,7 +1130,22 @@ async fn main() {
         } else {
             Kind::Plain
         };
-        let endpoints = (0..replicas).map(|_| fleet.new_endpoint()).collect();
+        let stable = i >= services - stable_services;
+        let endpoints = if stable {
+            // Real backends: every probe node serves these addresses (faults::serve).
+            STABLE
+                .iter()
+                .enumerate()
+                .map(|(e, ip)| Endpoint {
+                    ip: u32::from(*ip),
+                    node: e % agents,
+                    ready: true,
+                    terminating: false,
+                })
+                .collect()
+        } else {
+            (0..replicas).map(|_| fleet.new_endpoint()).collect()
+        };
         fleet.services.push(Svc {
             name: format!("svc-{i:05}"),
             kind,
@@ -605,6 +1154,11 @@ async fn main() {
             endpoints,
             written: now(),
             busy: false,
+            pending: false,
+            stable,
+            external_local: kind == Kind::Local,
+            hints: kind == Kind::Hinted,
+            exists: true,
         });
         let mut spec = json!({"ports": [{"name": "http", "port": 80, "targetPort": TARGET_PORT}]});
         match kind {
@@ -655,6 +1209,27 @@ async fn main() {
         fleet.services[i].vip = vip;
         fleet.services[i].node_port = node_port;
     }
+    // A soak's bursts of Services: created all at once, deleted all at once later; the
+    // first of them has `big` endpoints (in slices of 1,000).
+    let burst_services: usize = env_or("FLEET_SERVICE_BURST", if soak { 1_000 } else { 0 });
+    let big: usize = env_or("FLEET_BIG", if soak { 6_000 } else { 0 });
+    for b in 0..burst_services {
+        fleet.services.push(Svc {
+            name: format!("svc-{:05}", services + b),
+            kind: Kind::Plain,
+            vip: Ipv4Addr::UNSPECIFIED,
+            node_port: 0,
+            endpoints: Vec::new(),
+            written: now(),
+            // Owned by the burst: the other writers leave it alone.
+            busy: true,
+            pending: false,
+            stable: false,
+            external_local: false,
+            hints: false,
+            exists: false,
+        });
+    }
     println!(
         "fleet bench: {nodes} Nodes, {services} Services and slices written in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -663,26 +1238,42 @@ async fn main() {
     // The controller (proxyplan only).
     let plans_path = "/apis/proxyplan.dev/v1alpha1/serviceproxyplans";
     let managed = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dproxyplan-controller";
-    let mut controller = None;
+    let mut controllers: Vec<Arc<faults::Restartable>> = Vec::new();
     let mut controller_wrote_all = Duration::ZERO;
     let mut startup_list = (0, 0);
     if !kube_proxy {
         let started = Instant::now();
-        let mut command = controller_command(
-            &bins.controller,
-            &plane.kubeconfig(),
-            NS,
-            "fleet",
-            CLUSTER_CIDR,
-            &controller_log,
-        );
-        let mut spawned = Spawned::start(
-            "controller",
-            &mut command,
-            workdir.join("controller.log"),
-            false,
-        )
-        .unwrap();
+        // Two replicas in the soak, so that one takes over when the leader goes.
+        let identities: &[&str] = if soak {
+            &["fleet-a", "fleet-b"]
+        } else {
+            &["fleet"]
+        };
+        for identity in identities {
+            let (binary, kubeconfig, log, controller_log) = (
+                bins.controller.clone(),
+                plane.kubeconfig(),
+                workdir.join(format!("controller-{identity}.log")),
+                controller_log.clone(),
+            );
+            let identity = (*identity).to_owned();
+            controllers.push(Arc::new(faults::Restartable::start(
+                identity.clone(),
+                Box::new(move || {
+                    (
+                        controller_command(
+                            &binary,
+                            &kubeconfig,
+                            NS,
+                            &identity,
+                            CLUSTER_CIDR,
+                            &controller_log,
+                        ),
+                        log.clone(),
+                    )
+                }),
+            )));
+        }
         let node_plans = "/apis/proxyplan.dev/v1alpha1/nodeproxyplans";
         loop {
             if count(&client, plans_path, "").await >= services
@@ -690,7 +1281,11 @@ async fn main() {
             {
                 break;
             }
-            assert!(spawned.exited().is_none(), "{}", spawned.log_tail(20));
+            for c in &controllers {
+                if let Some(why) = c.died() {
+                    panic!("{why}");
+                }
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(1800),
                 "the controller never wrote every plan"
@@ -703,7 +1298,6 @@ async fn main() {
             "fleet bench: the controller wrote every plan in {:.1} s",
             controller_wrote_all.as_secs_f64()
         );
-        controller = Some(spawned);
     }
 
     // The watchers standing in for the other nodes.
@@ -777,7 +1371,8 @@ async fn main() {
     let seen: Seen = Arc::default();
     let mut netnses = Vec::new();
     let mut forwarders = Vec::new();
-    let mut proxies = Vec::new();
+    let mut proxies: Vec<Arc<faults::Restartable>> = Vec::new();
+    let mut state_dirs = Vec::new();
     let mut metrics = Vec::new();
     let first_sync = Arc::new(Mutex::new(vec![f64::NAN; agents]));
     let started = Instant::now();
@@ -797,40 +1392,48 @@ async fn main() {
                 .unwrap(),
         );
         monitor(&netns, k, seen.clone());
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &netns]);
-        if kube_proxy {
-            command
-                .arg(&kube_proxy_bin)
-                .arg("--config")
-                .arg(&kube_proxy_config)
-                .args(["--hostname-override", &node_name(k), "--v", "0"]);
-        } else {
-            command
-                .arg(&bins.agent)
-                .args(["run", "--node", &node_name(k), "--mode", "nftables"])
-                .arg("--kubeconfig")
-                .arg(&node_kubeconfig)
-                .args([
-                    "--healthz-bind-address",
-                    "127.0.0.1:10256",
-                    "--metrics-bind-address",
-                    "127.0.0.1:10249",
-                ])
-                .arg("--state-dir")
-                .arg(workdir.join(format!("state-{k}")))
-                .args(["--log", &agent_log]);
-        }
-        let start = Instant::now();
-        proxies.push(
-            Spawned::start(
-                &format!("{proxy} {k}"),
-                &mut command,
-                workdir.join(format!("proxy-{k}.log")),
-                false,
-            )
-            .unwrap(),
+        let (netns_, agent_bin, kube_proxy_bin, kube_proxy_config, node_kubeconfig, log) = (
+            netns.clone(),
+            bins.agent.clone(),
+            kube_proxy_bin.clone(),
+            kube_proxy_config.clone(),
+            node_kubeconfig.clone(),
+            workdir.join(format!("proxy-{k}.log")),
         );
+        let (state_dir, agent_log) = (workdir.join(format!("state-{k}")), agent_log.clone());
+        state_dirs.push(state_dir.clone());
+        let command = move || {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", &netns_]);
+            if kube_proxy {
+                command
+                    .arg(&kube_proxy_bin)
+                    .arg("--config")
+                    .arg(&kube_proxy_config)
+                    .args(["--hostname-override", &node_name(k), "--v", "0"]);
+            } else {
+                command
+                    .arg(&agent_bin)
+                    .args(["run", "--node", &node_name(k), "--mode", "nftables"])
+                    .arg("--kubeconfig")
+                    .arg(&node_kubeconfig)
+                    .args([
+                        "--healthz-bind-address",
+                        "127.0.0.1:10256",
+                        "--metrics-bind-address",
+                        "127.0.0.1:10249",
+                    ])
+                    .arg("--state-dir")
+                    .arg(&state_dir)
+                    .args(["--log", &agent_log]);
+            }
+            (command, log.clone())
+        };
+        let start = Instant::now();
+        proxies.push(Arc::new(faults::Restartable::start(
+            format!("{proxy} {k}"),
+            Box::new(command),
+        )));
         let node_metrics = Arc::new(AgentMetrics::new(
             &netns,
             "127.0.0.1:10249".parse().unwrap(),
@@ -851,9 +1454,9 @@ async fn main() {
     }
     // Every node's first sync, from its own start (the pollers began with each start).
     loop {
-        for p in &mut proxies {
-            if let Some(why) = p.exited() {
-                panic!("{} exited: {why}\n{}", p.label, p.log_tail(20));
+        for p in &proxies {
+            if let Some(why) = p.died() {
+                panic!("{why}");
             }
         }
         if first_sync.lock().unwrap().iter().all(|t| !t.is_nan()) {
@@ -894,12 +1497,19 @@ async fn main() {
                 arrivals.lock().unwrap().entry(s).or_default().push(at);
             }
         });
-        tokio::spawn(raw_watch(
-            client.clone(),
-            plans_path.into(),
-            managed.into(),
-            Sink::Lines(on_line),
-        ));
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                raw_watch(
+                    client.clone(),
+                    plans_path.into(),
+                    managed.into(),
+                    Sink::Lines(on_line.clone()),
+                )
+                .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
@@ -909,14 +1519,97 @@ async fn main() {
     let writes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let checked: Arc<Mutex<Checked>> = Arc::default();
-    let proxy_pids: Vec<u32> = proxies.iter().map(|p| p.child.id()).collect();
-    let controller_pid = controller.as_ref().map_or(0, |c| c.child.id());
+
+    // The soak's probes: on each probe node a pod (a namespace of its own behind a veth
+    // pair, in the cluster CIDR) opens connections to the stable Services, whose endpoint
+    // addresses sit on the node's `lo` with a listener behind them.
+    let probes: Arc<Mutex<faults::Probes>> = Arc::default();
+    let probes_stop = Arc::new(AtomicBool::new(false));
+    let mut probe_threads = Vec::new();
+    let mut pod_netnses = Vec::new();
+    let stable_targets: Vec<(String, Ipv4Addr)> = fleet
+        .lock()
+        .unwrap()
+        .services
+        .iter()
+        .filter(|s| s.stable)
+        .map(|s| (s.name.clone(), s.vip))
+        .collect();
+    for k in 0..probe_nodes {
+        let node = &netnses[k];
+        let pod = format!("ppp-{}-{k}", std::process::id());
+        let in_node = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", node.as_str()];
+            all.extend_from_slice(args);
+            procs::run("ip", &all).unwrap();
+        };
+        for ip in STABLE {
+            in_node(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "lo"]);
+        }
+        in_node(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        procs::run("ip", &["netns", "add", &pod]).unwrap();
+        let (host_side, pod_side) = (format!("pvh{k}"), format!("pvp{k}"));
+        procs::run(
+            "ip",
+            &[
+                "link", "add", &host_side, "netns", node, "type", "veth", "peer", "name",
+                &pod_side, "netns", &pod,
+            ],
+        )
+        .unwrap();
+        in_node(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.254.{k}.1/24"),
+            "dev",
+            &host_side,
+        ]);
+        in_node(&["ip", "link", "set", &host_side, "up"]);
+        for args in [
+            vec!["ip", "link", "set", "lo", "up"],
+            vec![
+                "ip",
+                "addr",
+                "add",
+                &format!("10.254.{k}.2/24"),
+                "dev",
+                &pod_side,
+            ],
+            vec!["ip", "link", "set", &pod_side, "up"],
+            vec![
+                "ip",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("10.254.{k}.1"),
+            ],
+        ] {
+            let mut all = vec!["netns", "exec", pod.as_str()];
+            all.extend_from_slice(&args);
+            procs::run("ip", &all).unwrap();
+        }
+        faults::serve(node, TARGET_PORT);
+        probe_threads.push(faults::probe(
+            &pod,
+            k,
+            stable_targets.clone(),
+            probes.clone(),
+            probes_stop.clone(),
+        ));
+        pod_netnses.push(pod);
+    }
+    // CPU over the churn, of the processes running at its start (a soak restarts some:
+    // its resource samples say more).
+    let proxy_pids: Vec<u32> = proxies.iter().map(|p| p.pid()).collect();
+    let controller_pids: Vec<u32> = controllers.iter().map(|c| c.pid()).collect();
     let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
     let own_pid = std::process::id();
     let own_before = cpu_seconds(own_pid);
     let cpu_before = (
         cpu_seconds(apiserver_pid),
-        cpu_seconds(controller_pid),
+        cpu(&controller_pids),
         cpu(&proxy_pids),
     );
     let watched_before = watched.load(Ordering::Relaxed);
@@ -959,8 +1652,10 @@ async fn main() {
                     });
                 }
                 // A keep-alive connection the server closed fails a request now and then
-                // (IncompleteMessage): sent again, as a controller would.
+                // (IncompleteMessage): sent again, as a controller would; in a soak, for
+                // as long as the API server is away.
                 let patch = Patch::Merge(json!({"endpoints": endpoints}));
+                let attempts = if soak { 1_200 } else { 5 };
                 for attempt in 1.. {
                     match slice_api
                         .patch(
@@ -971,12 +1666,20 @@ async fn main() {
                         .await
                     {
                         Ok(_) => break,
-                        Err(e) if attempt < 5 => {
-                            println!("fleet bench: slice write failed, sent again: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        Err(e) if attempt < attempts => {
+                            if !soak {
+                                println!("fleet bench: slice write failed, sent again: {e}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(if soak { 500 } else { 50 }))
+                                .await;
                         }
                         Err(e) => panic!("writing svc-{s:05}-fleet: {e}"),
                     }
+                }
+                {
+                    let mut fleet = fleet.lock().unwrap();
+                    fleet.services[s].pending = false;
+                    fleet.services[s].written = now();
                 }
                 writes.fetch_add(1, Ordering::Relaxed);
             }
@@ -992,17 +1695,31 @@ async fn main() {
             let mut in_flight = tokio::task::JoinSet::new();
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
+                while in_flight.try_join_next().is_some() {}
+                // While the API server is away writes wait, as many writers' would; past
+                // five seconds' worth the writers wait too.
+                if in_flight.len() as f64 >= rate * 5.0 {
+                    continue;
+                }
                 let (s, fresh, endpoints) = {
                     let mut fleet = fleet.lock().unwrap();
                     let n = fleet.services.len();
-                    let mut s = fleet.rng.below(n);
-                    while fleet.services[s].busy {
-                        s = fleet.rng.below(n);
+                    let mut free = None;
+                    for _ in 0..1_000 {
+                        let s = fleet.rng.below(n);
+                        if !fleet.services[s].busy && !fleet.services[s].stable {
+                            free = Some(s);
+                            break;
+                        }
                     }
+                    let Some(s) = free else {
+                        continue;
+                    };
                     let sent = now();
                     let fresh = fleet.roll(s);
                     fleet.services[s].written = sent;
                     fleet.services[s].busy = true;
+                    fleet.services[s].pending = true;
                     (s, fresh, fleet.slice_endpoints(s))
                 };
                 // Writes go out at the rate whatever each one takes, as many writers'
@@ -1034,10 +1751,14 @@ async fn main() {
                     let n = fleet.services.len();
                     let wanted = (burst_pods / fleet.replicas.max(1)).clamp(1, n / 2);
                     let mut chosen = BTreeSet::new();
-                    while chosen.len() < wanted {
+                    // (Fewer when most Services have a write waiting for the API server.)
+                    for _ in 0..wanted * 100 {
+                        if chosen.len() == wanted {
+                            break;
+                        }
                         let s = fleet.rng.below(n);
                         // Not one the steady writer is writing.
-                        if fleet.services[s].busy {
+                        if fleet.services[s].busy || fleet.services[s].stable {
                             continue;
                         }
                         if fleet.services[s].kind != Kind::Local || chosen.len() % 10 == 0 {
@@ -1063,6 +1784,7 @@ async fn main() {
                                     Vec::new()
                                 };
                                 fleet.services[*s].written = sent;
+                                fleet.services[*s].pending = true;
                                 (*s, fresh, fleet.slice_endpoints(*s))
                             })
                             .collect()
@@ -1081,6 +1803,135 @@ async fn main() {
             }
         })
     };
+    // A soak's other churn: every 20 s a Local NodePort flips to Cluster policy (or back);
+    // every 60 s a hundred Nodes without an agent are deleted, and added again 10 s later.
+    let soak_churn = soak.then(|| {
+        let (fleet, stop, service_api, node_api) = (
+            fleet.clone(),
+            stop.clone(),
+            service_api.clone(),
+            node_api.clone(),
+        );
+        tokio::spawn(async move {
+            let mut round = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                round += 1;
+                let flip = {
+                    let mut fleet = fleet.lock().unwrap();
+                    let candidates: Vec<usize> = (0..fleet.services.len())
+                        .filter(|s| {
+                            let svc = &fleet.services[*s];
+                            svc.kind == Kind::Local && !svc.busy
+                        })
+                        .collect();
+                    if candidates.is_empty() {
+                        None
+                    } else {
+                        let s = candidates[fleet.rng.below(candidates.len())];
+                        let svc = &mut fleet.services[s];
+                        svc.external_local = !svc.external_local;
+                        svc.busy = true;
+                        svc.pending = true;
+                        Some((s, svc.name.clone(), svc.external_local))
+                    }
+                };
+                if let Some((s, name, local)) = flip {
+                    let patch = Patch::Merge(json!({"spec": {
+                        "externalTrafficPolicy": if local { "Local" } else { "Cluster" }
+                    }}));
+                    while service_api
+                        .patch(&name, &PatchParams::default(), &patch)
+                        .await
+                        .is_err()
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    let mut fleet = fleet.lock().unwrap();
+                    let svc = &mut fleet.services[s];
+                    svc.busy = false;
+                    svc.pending = false;
+                    svc.written = now();
+                }
+                if round % 3 == 0 {
+                    let (agents, nodes, zones) = {
+                        let fleet = fleet.lock().unwrap();
+                        (fleet.agents, fleet.nodes, fleet.zones)
+                    };
+                    let first = agents + (round as usize / 3 * 100) % (nodes - agents).max(1);
+                    let gone: Vec<usize> = (first..nodes).take(100).collect();
+                    for n in &gone {
+                        let _ = node_api
+                            .delete(&node_name(*n), &kube::api::DeleteParams::default())
+                            .await;
+                    }
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    for n in gone {
+                        let node: Node = serde_json::from_value(json!({
+                            "metadata": {"name": node_name(n),
+                                         "labels": {"topology.kubernetes.io/zone": format!("zone-{}", n % zones)}},
+                            "spec": {"podCIDRs": [format!("10.{}.{}.0/24", 128 + n / 256, n % 256)]}
+                        }))
+                        .unwrap();
+                        for _ in 0..120 {
+                            match node_api.create(&PostParams::default(), &node).await {
+                                Ok(_) => break,
+                                Err(kube::Error::Api(e)) if e.code == 409 => break,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    });
+    // The soak's Service bursts, every `FLEET_SERVICE_BURST_EVERY` seconds (300): the
+    // Services and their slices created 16 at a time, then deleted two minutes later.
+    let service_bursts = (burst_services > 0).then(|| {
+        let (fleet, stop, service_api, slice_api) = (
+            fleet.clone(),
+            stop.clone(),
+            service_api.clone(),
+            slice_api.clone(),
+        );
+        let every: u64 = env_or("FLEET_SERVICE_BURST_EVERY", 300);
+        tokio::spawn(async move {
+            let indices: Vec<usize> = (services..services + burst_services).collect();
+            loop {
+                for _ in 0..every.saturating_sub(120) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                }
+                println!("fleet bench: {burst_services} Services created");
+                stream::iter(indices.clone())
+                    .map(|i| {
+                        let count = if i == services && big > 0 {
+                            big
+                        } else {
+                            replicas
+                        };
+                        create_service(&fleet, &service_api, &slice_api, i, count)
+                    })
+                    .buffer_unordered(16)
+                    .collect::<Vec<()>>()
+                    .await;
+                for _ in 0..120 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                println!("fleet bench: {burst_services} Services deleted");
+                stream::iter(indices.clone())
+                    .map(|i| delete_service(&fleet, &service_api, &slice_api, i))
+                    .buffer_unordered(16)
+                    .collect::<Vec<()>>()
+                    .await;
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+            }
+        })
+    });
     let checker = (!kube_proxy).then(|| {
         let (fleet, stop, checked, netnses) = (
             fleet.clone(),
@@ -1098,7 +1949,7 @@ async fn main() {
                     // A node that disagrees is read again until it agrees (a change in
                     // flight lands within the second; anything longer is reported).
                     for _ in 0..20 {
-                        if check_node(k, netns, &fleet, &checked, false).await {
+                        if check_node(k, netns, &fleet, &checked, false).await.0 {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1110,14 +1961,70 @@ async fn main() {
             rounds
         })
     });
-    // Resource samples every 10 s.
+    // The soak's faults: one about every `fault_every` seconds (exponential gaps), each in
+    // a task of its own, so that they overlap.
+    let soak_state = soak.then(|| {
+        Arc::new(faults::Soak {
+            agents: proxies.clone(),
+            controllers: controllers.clone(),
+            netnses: netnses.clone(),
+            state_dirs: state_dirs.clone(),
+            plane: plane.clone(),
+            client: client.clone(),
+            namespace: NS.to_owned(),
+            fleet: fleet.clone(),
+            checked: checked.clone(),
+            disturbed: checked.lock().unwrap().disturbed.clone(),
+            log: Mutex::default(),
+            node_locks: (0..agents).map(|_| tokio::sync::Mutex::new(())).collect(),
+            controller_lock: tokio::sync::Mutex::new(()),
+            plane_lock: tokio::sync::Mutex::new(()),
+        })
+    });
+    let fault_task = soak_state.clone().map(|soak| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+            let mut running = tokio::task::JoinSet::new();
+            loop {
+                let u = (rng.below(1_000_000) as f64 + 1.0) / 1e6;
+                let gap = (-u.ln() * fault_every).clamp(1.0, 4.0 * fault_every);
+                tokio::time::sleep(Duration::from_secs_f64(gap)).await;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let kind = faults::KINDS[rng.below(faults::KINDS.len())];
+                running.spawn(soak.clone().inject(kind, rng.next()));
+                while let Some(done) = running.try_join_next() {
+                    done.expect("a fault's task");
+                }
+            }
+            // Every fault lifted and followed to its end.
+            while let Some(done) = running.join_next().await {
+                done.expect("a fault's task");
+            }
+        })
+    });
+    if soak {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let p = probes.lock().unwrap();
+        assert!(
+            p.attempts > 0 && p.failures.is_empty(),
+            "the probes fail before any fault: {:?}",
+            p.failures.first()
+        );
+    }
+
+    // Progress every 10 s; in a soak, the processes' resources every minute.
     let mut apiserver_rss_peak = 0;
+    let mut samples: Vec<String> = Vec::new();
     while churn_started.elapsed() < Duration::from_secs(seconds) {
         tokio::time::sleep(Duration::from_secs(10)).await;
-        apiserver_rss_peak = apiserver_rss_peak.max(status_kib(apiserver_pid, "VmRSS"));
-        for p in &mut proxies {
-            if let Some(why) = p.exited() {
-                panic!("{} exited: {why}\n{}", p.label, p.log_tail(20));
+        let apiserver_now = pid_file(&plane.dir().join("kube-apiserver.pid"));
+        apiserver_rss_peak = apiserver_rss_peak.max(status_kib(apiserver_now, "VmRSS"));
+        for p in proxies.iter().chain(&controllers) {
+            if let Some(why) = p.died() {
+                panic!("{why}");
             }
         }
         let done = changes.lock().unwrap().len();
@@ -1126,9 +2033,28 @@ async fn main() {
             churn_started.elapsed().as_secs_f64(),
             writes.load(Ordering::Relaxed)
         );
+        if soak && samples.len() < (churn_started.elapsed().as_secs() / 60) as usize {
+            let line = sample_resources(&proxies, &controllers, apiserver_now, &client).await;
+            println!("fleet bench: minute {}: {line}", samples.len() + 1);
+            samples.push(line);
+        }
     }
     stop.store(true, Ordering::Relaxed);
     let _ = steady.await;
+    if let Some(task) = soak_churn {
+        let _ = task.await;
+    }
+    if let Some(task) = service_bursts {
+        let _ = task.await;
+    }
+    if let Some(task) = fault_task {
+        println!("fleet bench: churn over; waiting for the faults in progress to heal");
+        task.await.unwrap();
+    }
+    probes_stop.store(true, Ordering::Relaxed);
+    for t in probe_threads {
+        let _ = t.join();
+    }
     let churned = churn_started.elapsed().as_secs_f64();
     let writes_done = writes.load(Ordering::Relaxed);
     bursts.abort();
@@ -1137,7 +2063,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let cpu_after = (
         cpu_seconds(apiserver_pid),
-        cpu_seconds(controller_pid),
+        cpu(&controller_pids),
         cpu(&proxy_pids),
     );
     let own_cpu = (cpu_seconds(own_pid) - own_before) / churned;
@@ -1162,6 +2088,10 @@ async fn main() {
     let mut per_agent: Vec<Vec<f64>> = vec![Vec::new(); agents];
     let mut all_pairs = Vec::new();
     let mut never = 0;
+    // Never seen although the node's semantics still include it at the end: lost (a
+    // soak's partitions make endpoints come and go unseen by a node that was cut off,
+    // which is right).
+    let mut never_lost = 0;
     for change in changes.iter() {
         let mut worst: f64 = 0.0;
         for (k, ip) in &change.expected {
@@ -1176,6 +2106,13 @@ async fn main() {
                     never += 1;
                     let fleet = fleet.lock().unwrap();
                     let svc = &fleet.services[change.service];
+                    let wanted = |v: Verdict| matches!(v, Verdict::Endpoints(set) if set.contains(&socket(*ip)));
+                    never_lost += usize::from(
+                        svc.exists
+                            && (wanted(fleet.cluster_expected(svc, *k))
+                                || (svc.kind == Kind::Local
+                                    && wanted(fleet.local_expected(svc, *k)))),
+                    );
                     if never <= 10 {
                         println!(
                             "fleet bench: NEVER SEEN {} on {} ({:?} Service {}, written {:.1} s \
@@ -1212,6 +2149,14 @@ async fn main() {
         .max()
         .unwrap_or(0);
     let mut syncs_first = first_sync.clone();
+    // Mean cores over the churn; a soak restarts the processes, so its CPU is not summed.
+    let cores = |seconds: f64| {
+        if soak {
+            "- (restarted)".to_owned()
+        } else {
+            format!("{:.3}", seconds / churned)
+        }
+    };
     let timed = last_node.len();
     let mut rows: Vec<(String, String)> = vec![
         (
@@ -1278,8 +2223,10 @@ async fn main() {
             ),
         ),
         (
-            "new endpoints never seen in a kernel that should have them".into(),
-            format!("{never}"),
+            "new endpoints never seen in a kernel that should have them; of them still in \
+             that node's semantics at the end"
+                .into(),
+            format!("{never}; {never_lost}"),
         ),
         (
             "first sync per node from its start (median / max); whole fleet".into(),
@@ -1308,8 +2255,8 @@ async fn main() {
         (
             "API server: CPU (cores, mean over churn); peak RSS".into(),
             format!(
-                "{:.2}; {:.0} MiB",
-                (cpu_after.0 - cpu_before.0) / churned,
+                "{}; {:.0} MiB",
+                cores(cpu_after.0 - cpu_before.0),
                 apiserver_rss_peak.max(status_kib(apiserver_pid, "VmRSS")) as f64 / 1024.0
             ),
         ),
@@ -1320,19 +2267,24 @@ async fn main() {
         (
             "nodes: CPU per node (cores, mean); peak RSS of the largest".into(),
             format!(
-                "{:.3}; {:.0} MiB",
-                (cpu_after.2 - cpu_before.2) / churned / agents as f64,
+                "{}; {:.0} MiB",
+                cores((cpu_after.2 - cpu_before.2) / agents as f64),
                 proxy_peak as f64 / 1024.0
             ),
         ),
     ];
-    if let Some(c) = &controller {
+    if !controllers.is_empty() {
+        let peak = controllers
+            .iter()
+            .map(|c| status_kib(c.pid(), "VmHWM"))
+            .max()
+            .unwrap_or(0);
         rows.push((
             "controller: CPU (cores, mean); peak RSS; every plan written from its start".into(),
             format!(
-                "{:.2}; {:.0} MiB; {:.1} s",
-                (cpu_after.1 - cpu_before.1) / churned,
-                status_kib(c.child.id(), "VmHWM") as f64 / 1024.0,
+                "{}; {:.0} MiB; {:.1} s",
+                cores(cpu_after.1 - cpu_before.1),
+                peak as f64 / 1024.0,
                 controller_wrote_all.as_secs_f64()
             ),
         ));
@@ -1376,18 +2328,33 @@ async fn main() {
             println!("fleet bench: CHECKER ERROR {e}");
         }
     }
-    print_table(&rows);
-
-    for p in &mut proxies {
-        p.stop().await;
+    if !kube_proxy {
+        let (equality, differences) =
+            final_equality(&client, &bins.controller, &workdir, agents).await;
+        rows.extend(equality);
+        for d in differences.iter().take(20) {
+            println!("fleet bench: END STATE DIFFERS {d}");
+        }
     }
-    if let Some(mut c) = controller {
-        c.stop().await;
+    print_table(&rows);
+    if let Some(soak) = soak_state {
+        let log = soak.log.lock().unwrap().clone();
+        let probes = probes.lock().unwrap();
+        report_soak(
+            &log,
+            &probes,
+            &samples,
+            checked.lock().unwrap().behind_disturbed,
+        );
+    }
+
+    for p in proxies.iter().chain(&controllers) {
+        p.stop().await;
     }
     for f in &mut forwarders {
         f.stop().await;
     }
-    for netns in &netnses {
+    for netns in netnses.iter().chain(&pod_netnses) {
         let _ = procs::delete_netns(netns);
     }
     drop(plane);
