@@ -34,7 +34,75 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientCon
             .await
             .map_err(|e| ClientConfigError(format!("not in a cluster and no --kubeconfig: {e}")))?,
     };
-    kube::Client::try_from(config).map_err(|e| ClientConfigError(e.to_string()))
+    with_keepalive(config)
+}
+
+/// How long a connection to the API server may be silent before TCP asks the other end
+/// whether it is still there; then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`]
+/// times, before the connection is given up. A watch on a connection whose packets stopped
+/// (a partition, a load balancer that forgot it) is so found dead about 20 s into the
+/// silence and starts again on a new connection, whose attempts give up after
+/// [`CONNECT_TIMEOUT`] and start over, so the first attempt after the partition ends gets
+/// through. Without it, the watch waits for TCP's own retransmissions, which back off to
+/// minutes: the fleet soak measured nodes 100 s behind after a 110 s partition had ended.
+/// (client-go pings HTTP/2 connections for the same.)
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_PROBES: u32 = 3;
+/// At most this long for a TCP (and TLS) connection to the API server (kube's default is
+/// 30 s); see [`KEEPALIVE_IDLE`].
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this long for what was sent on a connection to the API server to go
+/// unacknowledged before TCP gives the connection up (`TCP_USER_TIMEOUT`). Keepalive
+/// covers a connection that only receives (a watch); this covers a request written into
+/// a partition on a pooled connection, which keepalive does not probe: the fault suite
+/// saw a watch's retry wait 67 s there.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// kube's own client stack (TLS, timeouts, retries of 429/503/504, authentication,
+/// extra headers), over connections with TCP keepalive ([`KEEPALIVE_IDLE`]). Through a
+/// proxy, kube's stack as it is.
+fn with_keepalive(config: kube::Config) -> Result<kube::Client, ClientConfigError> {
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+    let fail = |e: kube::Error| ClientConfigError(e.to_string());
+    if config.proxy_url.is_some() {
+        return kube::Client::try_from(config).map_err(fail);
+    }
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_keepalive(Some(KEEPALIVE_IDLE));
+    tcp.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    tcp.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+    tcp.set_tcp_user_timeout(Some(USER_TIMEOUT));
+    let tls = config
+        .rustls_https_connector_with_connector(tcp)
+        .map_err(fail)?;
+    let mut timeouts = hyper_timeout::TimeoutConnector::new(tls);
+    timeouts.set_connect_timeout(Some(
+        config
+            .connect_timeout
+            .map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT)),
+    ));
+    timeouts.set_read_timeout(config.read_timeout);
+    timeouts.set_write_timeout(config.write_timeout);
+    timeouts.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .build(timeouts);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer().map_err(fail)?)
+        .layer(config.extra_headers_layer().map_err(fail)?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(kube::Client::new(service, config.default_namespace))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

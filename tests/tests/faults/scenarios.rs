@@ -16,6 +16,9 @@ use crate::procs;
 
 /// How long the API server stays away.
 const OUTAGE: Duration = Duration::from_secs(20);
+/// How long the partition scenario cuts the agent off: long enough that TCP's
+/// retransmission of what the API server sent into it has backed off past 40 s.
+const PARTITION: Duration = Duration::from_secs(60);
 /// The controllers' lease duration.
 const LEASE: Duration = Duration::from_secs(15);
 
@@ -553,6 +556,52 @@ impl Faults {
             return Err(format!(
                 "the change took {} after the API server came back (budget 5 s)\n{}",
                 secs(recovered),
+                self.agent_log_tail()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The agent's node is cut off from the API server for a minute (its packets to and
+    /// from the API server's port dropped, as a partition drops them) while a change is
+    /// made: once the partition ends, the change reaches the kernel within 15 s. Found by
+    /// the fleet soak: a watch whose packets were dropped waited for TCP's retransmissions,
+    /// which back off to minutes (nodes 100 s behind after a 110 s partition); TCP
+    /// keepalive now finds such a connection dead and the agent connects again.
+    pub async fn partition(&mut self) -> Result<(), String> {
+        let netns = self.netns()?;
+        let nft = |rule: &str| procs::run("ip", &["netns", "exec", &netns, "nft", rule]);
+        nft("add table inet partition")?;
+        nft("add chain inet partition out { type filter hook output priority -300; }")?;
+        nft("add rule inet partition out tcp dport 6443 drop")?;
+        nft("add rule inet partition out tcp sport 6443 drop")?;
+        // The change goes out at once, so the API server's side starts retransmitting it
+        // into the partition.
+        let target = self.add_web_endpoint().await;
+        if target.is_ok() {
+            tokio::time::sleep(PARTITION).await;
+        }
+        // Lifted whatever happened, so that the scenarios after this one have their API.
+        nft("delete table inet partition")?;
+        let after = self
+            .time_until_kernel_has(&target?, Duration::from_secs(120))
+            .await?;
+        self.report.add(
+            "partition",
+            &format!(
+                "drop the agent's packets to and from the API server for {:.0} s, change an \
+                 endpoint as it starts, end it",
+                PARTITION.as_secs_f64()
+            ),
+            &format!(
+                "the change reached the kernel {} after the partition ended",
+                secs(after)
+            ),
+        );
+        if after > Duration::from_secs(15) {
+            return Err(format!(
+                "the change took {} after the partition ended (budget 15 s)\n{}",
+                secs(after),
                 self.agent_log_tail()
             ));
         }
