@@ -915,6 +915,7 @@ async fn check_node(
     fleet: &Mutex<Fleet>,
     checked: &Mutex<Checked>,
     last_pass: bool,
+    must_agree: Option<usize>,
 ) -> (bool, bool) {
     let started = now();
     let output = tokio::process::Command::new("ip")
@@ -999,7 +1000,8 @@ async fn check_node(
             continue;
         }
         all_agree = false;
-        let in_flight = svc.pending || started - svc.written < IN_FLIGHT;
+        // (A tampered Service must agree even while a write of it is in flight.)
+        let in_flight = (svc.pending || started - svc.written < IN_FLIGHT) && must_agree != Some(s);
         settled &= in_flight;
         // The kernel is behind since this state was written (it agreed before, or this
         // episode started earlier).
@@ -1949,7 +1951,7 @@ async fn main() {
                     // A node that disagrees is read again until it agrees (a change in
                     // flight lands within the second; anything longer is reported).
                     for _ in 0..20 {
-                        if check_node(k, netns, &fleet, &checked, false).await.0 {
+                        if check_node(k, netns, &fleet, &checked, false, None).await.0 {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1981,6 +1983,17 @@ async fn main() {
             plane_lock: tokio::sync::Mutex::new(()),
         })
     });
+    // `FLEET_FAULT_KINDS`: only these (comma-separated), for a look at one kind.
+    let only: String = env_or("FLEET_FAULT_KINDS", String::new());
+    let kinds: Vec<&'static str> = faults::KINDS
+        .into_iter()
+        .filter(|k| only.is_empty() || only.split(',').any(|o| o.trim() == *k))
+        .collect();
+    assert!(
+        !kinds.is_empty(),
+        "FLEET_FAULT_KINDS={only}: none of {:?}",
+        faults::KINDS
+    );
     let fault_task = soak_state.clone().map(|soak| {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -1993,7 +2006,7 @@ async fn main() {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let kind = faults::KINDS[rng.below(faults::KINDS.len())];
+                let kind = kinds[rng.below(kinds.len())];
                 running.spawn(soak.clone().inject(kind, rng.next()));
                 while let Some(done) = running.try_join_next() {
                     done.expect("a fault's task");
@@ -2075,7 +2088,7 @@ async fn main() {
     // A last pass of the checker over every node, once everything is quiet.
     if !kube_proxy {
         for (k, netns) in netnses.iter().enumerate() {
-            check_node(k, netns, &fleet, &checked, true).await;
+            check_node(k, netns, &fleet, &checked, true, None).await;
         }
     }
 

@@ -259,6 +259,9 @@ impl Soak {
         }
         self.disturb(scope, 1);
         let injected = now();
+        // The Service a tamper hit: it must read back right, even while a write of it is
+        // in flight.
+        let mut tampered = None;
         println!("fleet bench: fault {kind} on {scope:?}");
         match kind {
             "agent-kill" => {
@@ -359,6 +362,9 @@ impl Soak {
                 let (name, vip) = {
                     let fleet = self.fleet.lock().unwrap();
                     let s = rng.below(fleet.services.len());
+                    if kind != "tamper-chain" {
+                        tampered = Some(s);
+                    }
                     (fleet.services[s].name.clone(), fleet.services[s].vip)
                 };
                 let chain = if kind == "tamper-chain" {
@@ -389,7 +395,7 @@ impl Soak {
                         Some(chain) => {
                             self.netns_run(
                                 k,
-                                &["nft", &format!("flush chain ip proxyplan \"{chain}\"")],
+                                &["nft", &format!("flush chain ip proxyplan {chain}")],
                             )
                             .await
                         }
@@ -410,7 +416,8 @@ impl Soak {
         }
         let lifted = now();
         drop((guard_node, guard_controller, guard_plane));
-        let (recovered, overlapped, left_to_others) = self.until_settled(scope, lifted).await;
+        let (recovered, overlapped, left_to_others) =
+            self.until_settled(scope, lifted, tampered).await;
         self.disturb(scope, -1);
         println!(
             "fleet bench: fault {kind} on {scope:?} ({detail}) lifted after {:.1} s, nodes back \
@@ -451,7 +458,12 @@ impl Soak {
     /// (differences only on Services still in flight), or `None` after 300 s; whether
     /// another fault touched a node meanwhile; and how many nodes of a fault on every
     /// node were left to another fault that had them.
-    async fn until_settled(&self, scope: Scope, lifted: f64) -> (Option<f64>, bool, usize) {
+    async fn until_settled(
+        &self,
+        scope: Scope,
+        lifted: f64,
+        must_agree: Option<usize>,
+    ) -> (Option<f64>, bool, usize) {
         let nodes: Vec<usize> = match scope {
             Scope::Node(k) => vec![k],
             Scope::All => (0..self.agents.len()).collect(),
@@ -467,8 +479,15 @@ impl Soak {
                 }
                 overlapped |= self.others_on(k, scope);
                 let read = now();
-                let (_, settled) =
-                    super::check_node(k, &self.netnses[k], &self.fleet, &self.checked, false).await;
+                let (_, settled) = super::check_node(
+                    k,
+                    &self.netnses[k],
+                    &self.fleet,
+                    &self.checked,
+                    false,
+                    must_agree,
+                )
+                .await;
                 if settled {
                     worst = worst.max(read - lifted).max(0.0);
                     break;
