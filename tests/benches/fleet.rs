@@ -1537,8 +1537,7 @@ async fn main() {
         .filter(|s| s.stable)
         .map(|s| (s.name.clone(), s.vip))
         .collect();
-    for k in 0..probe_nodes {
-        let node = &netnses[k];
+    for (k, node) in netnses.iter().enumerate().take(probe_nodes) {
         let pod = format!("ppp-{}-{k}", std::process::id());
         let in_node = |args: &[&str]| {
             let mut all = vec!["netns", "exec", node.as_str()];
@@ -1855,7 +1854,7 @@ async fn main() {
                     svc.pending = false;
                     svc.written = now();
                 }
-                if round % 3 == 0 {
+                if round.is_multiple_of(3) {
                     let (agents, nodes, zones) = {
                         let fleet = fleet.lock().unwrap();
                         (fleet.agents, fleet.nodes, fleet.zones)
