@@ -35,7 +35,6 @@ mod common;
 mod procs;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -255,30 +254,15 @@ async fn main() {
             .unwrap();
     let metrics_address: SocketAddr = "127.0.0.1:10249".parse().unwrap();
     let started = Instant::now();
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", &netns])
-        .arg(&bins.agent)
-        .args([
-            "run",
-            "--node",
-            NODE,
-            "--mode",
-            &mode,
-            "--iptables-backend",
-            &backend,
-        ])
-        .arg("--kubeconfig")
-        .arg(&agent_kubeconfig)
-        .args([
-            "--healthz-bind-address",
-            "127.0.0.1:10256",
-            "--metrics-bind-address",
-            "127.0.0.1:10249",
-        ])
-        .arg("--state-dir")
-        .arg(workdir.join("agent-state"))
-        .args(["--log", &agent_log]);
+    let mut command = common::agent_command(
+        &bins.agent,
+        &netns,
+        NODE,
+        &["--mode", &mode, "--iptables-backend", &backend],
+        &agent_kubeconfig,
+        &workdir.join("agent-state"),
+        &agent_log,
+    );
     let mut agent =
         Spawned::start("agent", &mut command, workdir.join("agent.log"), false).unwrap();
     let metrics = AgentMetrics::new(&netns, metrics_address);

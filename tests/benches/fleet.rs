@@ -1405,30 +1405,26 @@ async fn main() {
         let (state_dir, agent_log) = (workdir.join(format!("state-{k}")), agent_log.clone());
         state_dirs.push(state_dir.clone());
         let command = move || {
-            let mut command = Command::new("ip");
-            command.args(["netns", "exec", &netns_]);
-            if kube_proxy {
+            let command = if kube_proxy {
+                let mut command = Command::new("ip");
                 command
+                    .args(["netns", "exec", &netns_])
                     .arg(&kube_proxy_bin)
                     .arg("--config")
                     .arg(&kube_proxy_config)
                     .args(["--hostname-override", &node_name(k), "--v", "0"]);
-            } else {
                 command
-                    .arg(&agent_bin)
-                    .args(["run", "--node", &node_name(k), "--mode", "nftables"])
-                    .arg("--kubeconfig")
-                    .arg(&node_kubeconfig)
-                    .args([
-                        "--healthz-bind-address",
-                        "127.0.0.1:10256",
-                        "--metrics-bind-address",
-                        "127.0.0.1:10249",
-                    ])
-                    .arg("--state-dir")
-                    .arg(&state_dir)
-                    .args(["--log", &agent_log]);
-            }
+            } else {
+                common::agent_command(
+                    &agent_bin,
+                    &netns_,
+                    &node_name(k),
+                    &["--mode", "nftables"],
+                    &node_kubeconfig,
+                    &state_dir,
+                    &agent_log,
+                )
+            };
             (command, log.clone())
         };
         let start = Instant::now();

@@ -337,6 +337,38 @@ pub fn controller_command(
     command
 }
 
+/// `proxyplan-agent run` for node `node` inside network namespace `netns` (`ip netns
+/// exec`), with kube-proxy's health and metrics ports on the namespace's loopback, and
+/// `flags` (`--mode`, ...).
+pub fn agent_command(
+    binary: &std::path::Path,
+    netns: &str,
+    node: &str,
+    flags: &[&str],
+    kubeconfig: &std::path::Path,
+    state_dir: &std::path::Path,
+    log: &str,
+) -> std::process::Command {
+    let mut command = std::process::Command::new("ip");
+    command
+        .args(["netns", "exec", netns])
+        .arg(binary)
+        .args(["run", "--node", node])
+        .args(flags)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+        ])
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(["--log", log]);
+    command
+}
+
 /// A control plane of its own in `workdir/cp`, a client of it with the CRDs applied and
 /// namespace `namespace` created, and the API server's process id.
 pub async fn start_plane(
