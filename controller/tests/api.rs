@@ -12,14 +12,14 @@
 
 mod api_support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_support::{
     ApiServerVerifier, Received, heartbeat, mk_node, mk_service, mk_slice, plan_apply_uri,
     plan_delete_uri, scenario, service_plan_apply_uri, service_plan_delete_uri,
-    service_plan_replace_uri, service_plan_uri,
+    service_plan_replace_uri,
 };
 use futures::channel::mpsc;
 use http::Method;
@@ -130,10 +130,6 @@ fn by_name(objects: &[DesiredObject]) -> BTreeMap<String, DesiredObject> {
         .iter()
         .map(|o| (o.qualified_name(), o.clone()))
         .collect()
-}
-
-fn no_replace() -> BTreeSet<(Kind, String)> {
-    BTreeSet::new()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -264,22 +260,19 @@ async fn first_sync_applies_every_service_plan_then_every_node_plan() {
     let (client, mut api) = ApiServerVerifier::new();
     let mut writer = PlanWriter::new(client);
 
-    let (report, ()) = scenario(
-        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
-        async {
-            let request = api.expect_apply(&service_plan_apply_uri("web")).await;
-            // No node plan may be sent while a Service plan is unconfirmed.
-            api.expect_quiet().await;
-            assert_eq!(
-                request.body["spec"]["servicePorts"][0]["clusterIP"],
-                "10.96.0.10"
-            );
-            assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
-            request.echo();
-            let plans = api.next_batch(ALL_PLANS.len()).await;
-            answer_plans(plans, &ALL_PLANS, &desired);
-        },
-    )
+    let (report, ()) = scenario(writer.write(changes.apply, Vec::new(), &leading()), async {
+        let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+        // No node plan may be sent while a Service plan is unconfirmed.
+        api.expect_quiet().await;
+        assert_eq!(
+            request.body["spec"]["servicePorts"][0]["clusterIP"],
+            "10.96.0.10"
+        );
+        assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+        request.echo();
+        let plans = api.next_batch(ALL_PLANS.len()).await;
+        answer_plans(plans, &ALL_PLANS, &desired);
+    })
     .await;
 
     assert_clean(&report);
@@ -330,20 +323,17 @@ async fn one_endpoint_change_writes_its_service_plan_and_no_ops_write_nothing() 
     let desired = by_name(&changes.apply);
     assert_ne!(desired[WEB_PLAN].revision(), before);
 
-    let (report, ()) = scenario(
-        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
-        async {
-            let request = api.expect_apply(&service_plan_apply_uri("web")).await;
-            assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
-            let endpoints = &request.body["spec"]["servicePorts"][0]["clusterEndpoints"];
-            assert!(
-                endpoints.to_string().contains("10.244.2.11")
-                    && !endpoints.to_string().contains("10.244.2.10"),
-                "the moved endpoint: {endpoints}"
-            );
-            request.echo();
-        },
-    )
+    let (report, ()) = scenario(writer.write(changes.apply, Vec::new(), &leading()), async {
+        let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
+        let endpoints = &request.body["spec"]["servicePorts"][0]["clusterEndpoints"];
+        assert!(
+            endpoints.to_string().contains("10.244.2.11")
+                && !endpoints.to_string().contains("10.244.2.10"),
+            "the moved endpoint: {endpoints}"
+        );
+        request.echo();
+    })
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Service, &[WEB_PLAN]));
@@ -361,7 +351,7 @@ async fn one_endpoint_change_writes_its_service_plan_and_no_ops_write_nothing() 
     assert!(changes.is_empty(), "{changes:?}");
 
     let (report, ()) = scenario(
-        writer.write(changes.apply, Vec::new(), &no_replace(), &leading()),
+        writer.write(changes.apply, Vec::new(), &leading()),
         api.expect_quiet(),
     )
     .await;
@@ -385,7 +375,7 @@ async fn deleting_a_node_deletes_only_its_plan() {
     let delete: Vec<(Kind, String)> = changes.delete.iter().map(target_of).collect();
 
     let (report, ()) = scenario(
-        writer.write(Vec::new(), delete.clone(), &no_replace(), &leading()),
+        writer.write(Vec::new(), delete.clone(), &leading()),
         async {
             let plan = api.expect_delete(&plan_delete_uri("node-b")).await;
             plan.not_found();
@@ -398,7 +388,7 @@ async fn deleting_a_node_deletes_only_its_plan() {
     assert_eq!(writer.observed_revision(Kind::Plan, "node-b"), None);
 
     let (report, ()) = scenario(
-        writer.write(Vec::new(), delete, &no_replace(), &leading()),
+        writer.write(Vec::new(), delete, &leading()),
         api.expect_quiet(),
     )
     .await;
@@ -434,7 +424,7 @@ async fn a_failed_delete_is_reported_and_retried() {
     );
 
     let (report, ()) = scenario(
-        writer.write(Vec::new(), delete.clone(), &no_replace(), &leading()),
+        writer.write(Vec::new(), delete.clone(), &leading()),
         async {
             let mut batch = api.next_batch(2).await.into_iter();
             let service = batch.next().unwrap();
@@ -458,14 +448,11 @@ async fn a_failed_delete_is_reported_and_retried() {
     );
     assert!(writer.observed_revision(Kind::Plan, "node-a").is_some());
 
-    let (report, ()) = scenario(
-        writer.write(Vec::new(), delete, &no_replace(), &leading()),
-        async {
-            api.expect_delete(&plan_delete_uri("node-a"))
-                .await
-                .deleted();
-        },
-    )
+    let (report, ()) = scenario(writer.write(Vec::new(), delete, &leading()), async {
+        api.expect_delete(&plan_delete_uri("node-a"))
+            .await
+            .deleted();
+    })
     .await;
     assert_clean(&report);
     assert_eq!(report.deleted, targets(Kind::Plan, &["node-a"]));
@@ -493,7 +480,7 @@ async fn a_failed_apply_is_reported_and_retried() {
     }
 
     let (report, ()) = scenario(
-        writer.write(objects.clone(), Vec::new(), &no_replace(), &leading()),
+        writer.write(objects.clone(), Vec::new(), &leading()),
         async {
             api.expect_apply(&plan_apply_uri("node-b"))
                 .await
@@ -514,14 +501,11 @@ async fn a_failed_apply_is_reported_and_retried() {
     );
     assert_eq!(writer.observed_revision(Kind::Plan, "node-b"), None);
 
-    let (report, ()) = scenario(
-        writer.write(objects, Vec::new(), &no_replace(), &leading()),
-        async {
-            let request = api.expect_apply(&plan_apply_uri("node-b")).await;
-            assert_plan_body(&request.body, &desired["node-b"], None);
-            request.echo();
-        },
-    )
+    let (report, ()) = scenario(writer.write(objects, Vec::new(), &leading()), async {
+        let request = api.expect_apply(&plan_apply_uri("node-b")).await;
+        assert_plan_body(&request.body, &desired["node-b"], None);
+        request.echo();
+    })
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Plan, &["node-b"]));
@@ -540,7 +524,7 @@ async fn full_reconcile_deletes_only_the_object_nobody_wants() {
     let stale = writer.stale(&all);
     assert_eq!(stale, targets(Kind::Service, &["default/gone"]));
 
-    let (report, ()) = scenario(writer.write(all, stale, &no_replace(), &leading()), async {
+    let (report, ()) = scenario(writer.write(all, stale, &leading()), async {
         api.expect_delete(&service_plan_delete_uri("gone"))
             .await
             .deleted();
@@ -564,7 +548,7 @@ async fn objects_the_server_already_has_are_skipped() {
     let desired = by_name(&all);
 
     let (report, ()) = scenario(
-        writer.write(all.clone(), Vec::new(), &no_replace(), &leading()),
+        writer.write(all.clone(), Vec::new(), &leading()),
         api.expect_quiet(),
     )
     .await;
@@ -575,14 +559,11 @@ async fn objects_the_server_already_has_are_skipped() {
     // Someone edited node-a's plan: the watch shows another revision.
     let diverged = writer.observe(Kind::Plan, "node-a", Some("edited-by-someone"));
     assert!(diverged, "the writer had confirmed another revision");
-    let (report, ()) = scenario(
-        writer.write(all, Vec::new(), &no_replace(), &leading()),
-        async {
-            let request = api.expect_apply(&plan_apply_uri("node-a")).await;
-            assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
-            request.echo();
-        },
-    )
+    let (report, ()) = scenario(writer.write(all, Vec::new(), &leading()), async {
+        let request = api.expect_apply(&plan_apply_uri("node-a")).await;
+        assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
+        request.echo();
+    })
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Plan, &["node-a"]));
@@ -591,47 +572,84 @@ async fn objects_the_server_already_has_are_skipped() {
     api.expect_closed().await;
 }
 
-/// An object edited by hand is written whole: read, then replaced with the desired
-/// object under the server's resourceVersion (server-side apply would keep the fields
-/// the other manager added). Gone, it is applied again.
+/// The apply's answer is checked: when it carries fields the desired object does not have
+/// (someone's hand edit, kept by server-side apply because another manager owns them),
+/// the object is put whole under the answer's resourceVersion with only this manager's
+/// apply entry and status writers kept in `managedFields`, so that a later apply that
+/// leaves a field out removes it. A put that loses a race (409) starts again from the
+/// apply. Gone, the object is simply applied again.
 #[tokio::test]
-async fn an_edited_object_is_replaced_whole() {
+async fn an_answer_with_someone_elses_fields_is_put_whole() {
     let (planner, mut writer, mut api) = written_cluster();
     let all = planner.all_objects();
     let desired = by_name(&all);
-    let replace: BTreeSet<(Kind, String)> =
-        [(Kind::Service, WEB_PLAN.to_owned())].into_iter().collect();
     writer.observe(Kind::Service, WEB_PLAN, Some("edited:whatever"));
 
-    let (report, ()) = scenario(
-        writer.write(all.clone(), Vec::new(), &replace, &leading()),
-        async {
-            let mut edited = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
-            edited["metadata"]["resourceVersion"] = json!("77");
-            edited["spec"]["servicePorts"][0]["clusterEndpoints"] = json!([]);
-            api.expect(Method::GET, &service_plan_uri("web"))
-                .await
-                .respond(200, &edited);
+    let own_apply = json!({"manager": "proxyplan-controller", "operation": "Apply",
+        "apiVersion": "proxyplan.dev/v1alpha1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:revision": {}}}});
+    let status = json!({"manager": "proxyplan-agent", "operation": "Update",
+        "subresource": "status", "apiVersion": "proxyplan.dev/v1alpha1",
+        "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}});
+    let edit = json!({"manager": "kubectl-edit", "operation": "Update",
+        "apiVersion": "proxyplan.dev/v1alpha1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:summary": {}}}});
+    let (report, ()) = scenario(writer.write(all.clone(), Vec::new(), &leading()), async {
+        for (round, resource_version) in [(0, "77"), (1, "79")] {
+            let apply = api.expect_apply(&service_plan_apply_uri("web")).await;
+            assert_service_plan_body(&apply.body, &desired[WEB_PLAN]);
+            let mut answer = apply.body.clone();
+            answer["metadata"]["resourceVersion"] = json!(resource_version);
+            answer["metadata"]["uid"] = json!("uid-web");
+            answer["spec"]["servicePorts"][0]["zoneEndpoints"] =
+                json!([{"zone": "zone-a", "endpoints": []}]);
+            answer["metadata"]["managedFields"] = json!([own_apply, edit, status]);
+            apply.respond(200, &answer);
             let put = api
                 .expect(Method::PUT, &service_plan_replace_uri("web"))
                 .await;
-            assert_eq!(put.body["metadata"]["resourceVersion"], "77");
             let mut want = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
-            want["metadata"]["resourceVersion"] = json!("77");
-            assert_eq!(put.body, want, "the whole desired object");
-            put.echo();
-        },
-    )
+            want["metadata"]["resourceVersion"] = json!(resource_version);
+            want["metadata"]["uid"] = json!("uid-web");
+            want["metadata"]["managedFields"] = json!([own_apply, status]);
+            assert_eq!(
+                put.body, want,
+                "the whole desired object, owned by our apply"
+            );
+            if round == 0 {
+                put.fail(409, "the object has been modified");
+            } else {
+                put.echo();
+            }
+        }
+    })
     .await;
     assert_clean(&report);
     assert_eq!(report.applied, targets(Kind::Service, &[WEB_PLAN]));
 
-    // Deleted by hand: read finds nothing, so it is applied.
+    // Only the ownership is foreign (content as desired, as after an old put): put whole.
+    writer.observe(Kind::Service, WEB_PLAN, Some("edited:again"));
+    let (report, ()) = scenario(writer.write(all.clone(), Vec::new(), &leading()), async {
+        let apply = api.expect_apply(&service_plan_apply_uri("web")).await;
+        let mut answer = apply.body.clone();
+        answer["metadata"]["resourceVersion"] = json!("80");
+        let before_first_apply = json!({"manager": "before-first-apply", "operation": "Update",
+            "apiVersion": "proxyplan.dev/v1alpha1", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {}}});
+        answer["metadata"]["managedFields"] = json!([before_first_apply, own_apply]);
+        apply.respond(200, &answer);
+        let put = api
+            .expect(Method::PUT, &service_plan_replace_uri("web"))
+            .await;
+        assert_eq!(put.body["metadata"]["managedFields"], json!([own_apply]));
+        put.echo();
+    })
+    .await;
+    assert_clean(&report);
+
+    // Deleted by hand: the apply creates it, exactly as desired; nothing more is sent.
     writer.observe(Kind::Service, WEB_PLAN, None);
-    let (report, ()) = scenario(writer.write(all, Vec::new(), &replace, &leading()), async {
-        api.expect(Method::GET, &service_plan_uri("web"))
-            .await
-            .not_found();
+    let (report, ()) = scenario(writer.write(all, Vec::new(), &leading()), async {
         let request = api.expect_apply(&service_plan_apply_uri("web")).await;
         assert_service_plan_body(&request.body, &desired[WEB_PLAN]);
         request.echo();
@@ -653,12 +671,7 @@ async fn nothing_is_written_without_the_fence() {
     let expired = Fence::new();
     expired.grant_until(Instant::now());
     let (report, ()) = scenario(
-        writer.write(
-            objects,
-            vec![(Kind::Plan, "node-z".to_owned())],
-            &no_replace(),
-            &expired,
-        ),
+        writer.write(objects, vec![(Kind::Plan, "node-z".to_owned())], &expired),
         api.expect_quiet(),
     )
     .await;
@@ -1295,9 +1308,6 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
         inputs_tx
             .unbounded_send(Input::Plan(Event::Delete(ok(plan_a))))
             .unwrap();
-        api.expect(Method::GET, &format!("{}/node-a", api_support::PLANS))
-            .await
-            .not_found();
         let request = api.expect_apply(&plan_apply_uri("node-a")).await;
         assert_plan_body(&request.body, &desired["node-a"], Some("uid-node-a"));
         request.echo();
@@ -1316,14 +1326,16 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
         inputs_tx
             .unbounded_send(Input::ServicePlan(Event::Apply(ok(edited.clone()))))
             .unwrap();
-        api.expect(Method::GET, &service_plan_uri("web"))
-            .await
-            .respond(200, &serde_json::to_value(&edited).unwrap());
+        // The apply keeps the endpoint (another manager owns it); the answer shows it.
+        let apply = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&apply.body, &desired[WEB_PLAN]);
+        apply.respond(200, &serde_json::to_value(&edited).unwrap());
         let put = api
             .expect(Method::PUT, &service_plan_replace_uri("web"))
             .await;
         let mut want = serde_json::to_value(&desired[WEB_PLAN]).unwrap();
         want["metadata"]["resourceVersion"] = json!("90");
+        want["metadata"]["managedFields"] = json!([]);
         assert_eq!(put.body, want);
         put.echo();
         api.expect_quiet().await;

@@ -25,7 +25,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use proxyplan_crds::lenient::{Lenient, Projection};
 use proxyplan_crds::runtime::{Backoff, watch_backoff};
-use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan, revision_of};
+use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -322,37 +322,16 @@ fn relist<K>(buffer: &mut Option<Vec<K>>, event: Event<K>) -> Relist<K> {
     }
 }
 
-/// The revision an observed plan object really has: its `spec.revision` when its content
-/// hashes to it, else a mark that it was edited by hand (so it is repaired).
-fn effective_revision<S: serde::Serialize + Clone>(
-    spec: &S,
-    claimed: &str,
-    clear: impl Fn(&mut S),
-) -> String {
-    let mut content = spec.clone();
-    clear(&mut content);
-    if revision_of(&content) == claimed {
-        claimed.to_owned()
-    } else {
-        format!("edited:{claimed}")
-    }
-}
-
 fn observed_plan(plan: &Lenient<NodeProxyPlan>) -> String {
     match &plan.object {
-        Ok(p) => effective_revision(&p.spec, &p.spec.revision, |s| s.revision.clear()),
+        Ok(p) => writer::content_revision_of_plan(p),
         Err(err) => format!("undecodable: {err}"),
     }
 }
 
 fn observed_service_plan(plan: &Lenient<ServiceProxyPlan>) -> String {
     match &plan.object {
-        Ok(p) => effective_revision(&p.spec, &p.spec.revision, |s| {
-            // The summary is derived for people and left out of the hash: an API server
-            // whose CRD predates it prunes it, and that is no edit to repair.
-            s.revision.clear();
-            s.summary = None;
-        }),
+        Ok(p) => writer::content_revision_of_service_plan(p),
         Err(err) => format!("undecodable: {err}"),
     }
 }
@@ -810,10 +789,7 @@ impl SyncLoop {
             .observe(started.elapsed().as_secs_f64());
         let was_full = std::mem::take(&mut self.full_reconcile);
         let writing = std::time::Instant::now();
-        let report = self
-            .writer
-            .write(apply, delete, &repairs, &self.fence)
-            .await;
+        let report = self.writer.write(apply, delete, &self.fence).await;
         self.metrics
             .write_seconds
             .observe(writing.elapsed().as_secs_f64());

@@ -1,12 +1,23 @@
 //! Writing plans: server-side apply under one field manager, only what the server does
 //! not already have, and only while this replica holds the Lease.
+//!
+//! Every write is checked against the object the server answers with. Server-side apply
+//! removes a field the applied object leaves out only when no other manager owns it: a
+//! field someone added by hand, or one any `PUT` wrote (a `PUT` is an `Update`, owned
+//! apart from the `Apply`, even under the same manager name), would outlive every later
+//! apply that drops it, and the plan would keep a stale overlay under a new revision. So
+//! when the answer's content is not exactly the desired object, or a manager other than
+//! this one's apply owns any of it, the object is put whole with only this manager's
+//! apply entry (and status writers) kept in `managedFields`; the next apply owns it all.
 
 use std::collections::{BTreeSet, HashMap};
 
 use futures::{StreamExt, stream};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan};
+use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan, revision_of};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::lease::Fence;
 use crate::planner::{DesiredObject, ObjectId};
@@ -16,6 +27,10 @@ pub const FIELD_MANAGER: &str = "proxyplan-controller";
 
 /// Writes in flight at once.
 const CONCURRENCY: usize = 16;
+
+/// Attempts at a whole write that lose a race (409: the object changed between the apply
+/// and the put, for example an agent's status write) before the write is reported failed.
+const WHOLE_ATTEMPTS: usize = 3;
 
 /// Which kind an object is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,16 +164,13 @@ impl PlanWriter {
     /// Applies `apply` (skipping objects whose revision the server has) and deletes
     /// `delete` (skipping objects the server does not have), each only while `fence`
     /// says this replica still holds the Lease. Service plans are written before node
-    /// plans, so an agent seldom sees an overlay before the entry it overrides.
-    ///
-    /// Objects in `replace` were changed by someone else: they are written whole
-    /// (read, then replaced), because server-side apply would keep fields another
-    /// manager added.
+    /// plans, so an agent seldom sees an overlay before the entry it overrides. An
+    /// object the server answers with other content than desired (someone else's
+    /// fields) is written whole (see the module's documentation).
     pub async fn write(
         &mut self,
         mut apply: Vec<DesiredObject>,
         delete: Vec<(Kind, String)>,
-        replace: &BTreeSet<(Kind, String)>,
         fence: &Fence,
     ) -> WriteReport {
         let mut report = WriteReport::default();
@@ -174,13 +186,10 @@ impl PlanWriter {
         let (services, plans): (Vec<_>, Vec<_>) =
             apply.into_iter().partition(|o| kind_of(o) == Kind::Service);
         for batch in [services, plans] {
-            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| {
-                let whole = replace.contains(&(kind_of(&o), o.qualified_name()));
-                self.apply_one(o, whole, fence)
-            }))
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
+            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| self.apply_one(o, fence)))
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
             for result in results {
                 match result {
                     Ok((kind, name, revision, size)) => {
@@ -245,41 +254,31 @@ impl PlanWriter {
     async fn apply_one(
         &self,
         object: DesiredObject,
-        whole: bool,
         fence: &Fence,
     ) -> Result<(Kind, String, String, usize), ((Kind, String), WriteFailure)> {
         let kind = kind_of(&object);
         let name = object.qualified_name();
         let revision = object.revision().to_owned();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let size = match &object {
-            DesiredObject::Plan(p) => json_size(p),
-            DesiredObject::Service(s) => json_size(s),
-        };
-        if !fence.holds() {
-            return Err(((kind, name), WriteFailure::NotLeader));
-        }
-        if whole {
-            return match self.replace_one(&object, fence).await {
-                Ok(()) => Ok((kind, name, revision, size)),
-                Err(err) => Err(((kind, name), err)),
-            };
-        }
-        let result = match &object {
-            DesiredObject::Plan(p) => self
-                .plans
-                .patch(object.name(), &params, &Patch::Apply(p))
-                .await
-                .map(|_| ()),
-            DesiredObject::Service(s) => self
-                .services(s.metadata.namespace.as_deref().unwrap_or_default())
-                .patch(object.name(), &params, &Patch::Apply(s))
-                .await
-                .map(|_| ()),
+        let (size, result) = match &object {
+            DesiredObject::Plan(p) => (
+                json_size(p),
+                write_exact(&self.plans, p, &revision, content_revision_of_plan, fence).await,
+            ),
+            DesiredObject::Service(s) => (
+                json_size(s),
+                write_exact(
+                    &self.services(s.metadata.namespace.as_deref().unwrap_or_default()),
+                    s,
+                    &revision,
+                    content_revision_of_service_plan,
+                    fence,
+                )
+                .await,
+            ),
         };
         match result {
             Ok(()) => Ok((kind, name, revision, size)),
-            Err(err) => Err(((kind, name), WriteFailure::Api(err))),
+            Err(err) => Err(((kind, name), err)),
         }
     }
 
@@ -310,58 +309,97 @@ impl PlanWriter {
         }
     }
 
-    /// Reads the object and replaces it with ours, keeping only its `resourceVersion`
-    /// (and its status): fields someone else added go. Creates it when it is gone.
-    async fn replace_one(&self, object: &DesiredObject, fence: &Fence) -> Result<(), WriteFailure> {
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        let apply = PatchParams::apply(FIELD_MANAGER).force();
-        match object {
-            DesiredObject::Plan(desired) => {
-                let name = object.name();
-                let current = self.plans.get_opt(name).await?;
-                if !fence.holds() {
-                    return Err(WriteFailure::NotLeader);
-                }
-                match current {
-                    Some(current) => {
-                        let mut next = desired.clone();
-                        next.metadata.resource_version = current.metadata.resource_version;
-                        self.plans.replace(name, &params, &next).await?;
-                    }
-                    None => {
-                        self.plans
-                            .patch(name, &apply, &Patch::Apply(desired))
-                            .await?;
-                    }
-                }
-            }
-            DesiredObject::Service(desired) => {
-                let name = object.name();
-                let api = self.services(desired.metadata.namespace.as_deref().unwrap_or_default());
-                let current = api.get_opt(name).await?;
-                if !fence.holds() {
-                    return Err(WriteFailure::NotLeader);
-                }
-                match current {
-                    Some(current) => {
-                        let mut next = desired.clone();
-                        next.metadata.resource_version = current.metadata.resource_version;
-                        api.replace(name, &params, &next).await?;
-                    }
-                    None => {
-                        api.patch(name, &apply, &Patch::Apply(desired)).await?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn services(&self, namespace: &str) -> Api<ServiceProxyPlan> {
         Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+/// Writes `desired` so that the server holds exactly it, owned by this manager's apply
+/// alone: a server-side apply, and when the answer's content (`content`, which must give
+/// `revision`) differs or another manager owns part of it, a put of the whole object that
+/// keeps only this manager's apply entry and status writers' entries in `managedFields`.
+async fn write_exact<K>(
+    api: &Api<K>,
+    desired: &K,
+    revision: &str,
+    content: fn(&K) -> String,
+    fence: &Fence,
+) -> Result<(), WriteFailure>
+where
+    K: kube::Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let put = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        if !fence.holds() {
+            return Err(WriteFailure::NotLeader);
+        }
+        let answer = api.patch(&name, &apply, &Patch::Apply(desired)).await?;
+        let entries = answer.meta().managed_fields.clone().unwrap_or_default();
+        let kept: Vec<ManagedFieldsEntry> =
+            entries.iter().filter(|e| kept_entry(e)).cloned().collect();
+        if content(&answer) == revision && kept.len() == entries.len() {
+            return Ok(());
+        }
+        if !fence.holds() {
+            return Err(WriteFailure::NotLeader);
+        }
+        let mut whole = desired.clone();
+        whole.meta_mut().resource_version = answer.meta().resource_version.clone();
+        whole.meta_mut().uid = answer.meta().uid.clone();
+        whole.meta_mut().managed_fields = Some(kept);
+        match api.replace(&name, &put, &whole).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < WHOLE_ATTEMPTS => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// A `managedFields` entry a whole write keeps: this manager's apply, and any manager's
+/// writes through a subresource (the agents' status).
+fn kept_entry(entry: &ManagedFieldsEntry) -> bool {
+    let own_apply = entry.manager.as_deref() == Some(FIELD_MANAGER)
+        && entry.operation.as_deref() == Some("Apply");
+    let subresource = entry.subresource.as_deref().is_some_and(|s| !s.is_empty());
+    own_apply || subresource
+}
+
+/// The revision a node plan's content really has: its `spec.revision` when the content
+/// hashes to it, else a mark that it was edited (so it is repaired).
+#[must_use]
+pub fn content_revision_of_plan(plan: &NodeProxyPlan) -> String {
+    effective_revision(&plan.spec, &plan.spec.revision, |s| s.revision.clear())
+}
+
+/// The revision a Service plan's content really has (see [`content_revision_of_plan`]).
+#[must_use]
+pub fn content_revision_of_service_plan(plan: &ServiceProxyPlan) -> String {
+    effective_revision(&plan.spec, &plan.spec.revision, |s| {
+        // The summary is derived for people and left out of the hash: an API server
+        // whose CRD predates it prunes it, and that is no edit to repair.
+        s.revision.clear();
+        s.summary = None;
+    })
+}
+
+fn effective_revision<S: Serialize + Clone>(
+    spec: &S,
+    claimed: &str,
+    clear: impl Fn(&mut S),
+) -> String {
+    let mut content = spec.clone();
+    clear(&mut content);
+    if revision_of(&content) == claimed {
+        claimed.to_owned()
+    } else {
+        format!("edited:{claimed}")
     }
 }
 

@@ -493,17 +493,105 @@ impl Faults {
         })
         .await?;
         let node_took = started.elapsed();
+
+        // After a write whole, a change that leaves a field out must take it away: the
+        // Node loses its zone label, so the plan loses `zone`. (A put owned the fields as an
+        // `Update`, which the next apply could not remove: the plan kept its old zone under
+        // the new revision.)
+        let started = Instant::now();
+        self.set_zone(None).await?;
+        let plan = wait_for("the node plan without its zone", WAIT, async || {
+            let now = self
+                .node_plans()
+                .get(NODE)
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.spec.zone.is_none() {
+                Ok(now)
+            } else {
+                Err(format!(
+                    "still zone {:?} at revision {}",
+                    now.spec.zone, now.spec.revision
+                ))
+            }
+        })
+        .await?;
+        let zone_took = started.elapsed();
+        let mut content = plan.spec.clone();
+        content.revision.clear();
+        if proxyplan_crds::revision_of(&content) != plan.spec.revision {
+            return Err(format!(
+                "the node plan's content is not its revision: {:?}",
+                plan.spec
+            ));
+        }
+        for (what, fields) in [
+            ("the node plan", plan.metadata.managed_fields.clone()),
+            (
+                "the Service plan",
+                self.plans_of("web")
+                    .await?
+                    .remove("web")
+                    .and_then(|p| p.metadata.managed_fields),
+            ),
+        ] {
+            let foreign: Vec<String> = fields
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| {
+                    e.subresource.as_deref().unwrap_or_default().is_empty()
+                        && (e.manager.as_deref() != Some("proxyplan-controller")
+                            || e.operation.as_deref() != Some("Apply"))
+                })
+                .map(|e| format!("{:?}/{:?}", e.manager, e.operation))
+                .collect();
+            if !foreign.is_empty() {
+                return Err(format!("{what} is still owned by {foreign:?}"));
+            }
+        }
+        self.set_zone(Some("zone-a")).await?;
+        wait_for("the node plan with its zone again", WAIT, async || {
+            let now = self
+                .node_plans()
+                .get(NODE)
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.spec.zone.as_deref() == Some("zone-a") {
+                Ok(())
+            } else {
+                Err(format!("zone {:?}", now.spec.zone))
+            }
+        })
+        .await?;
         self.report.add(
             "hand edit",
             "merge-patch a Service plan (an endpoint and a zone list added) and a node plan \
-             (an overlay added), spec.revision kept",
+             (an overlay added), spec.revision kept; then take the Node's zone label away",
             &format!(
-                "both written back whole (added fields gone): Service plan in {}, node plan in {}",
+                "both written back whole (added fields gone): Service plan in {}, node plan in \
+                 {}; zone gone from the node plan {} later, content = revision, only the \
+                 controller's apply owns either plan",
                 secs(service_took),
-                secs(node_took)
+                secs(node_took),
+                secs(zone_took)
             ),
         );
         Ok(())
+    }
+
+    /// Sets (or removes) the fake node's zone label.
+    async fn set_zone(&self, zone: Option<&str>) -> Result<(), String> {
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {"topology.kubernetes.io/zone": zone}}}),
+                ),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("setting the Node's zone label to {zone:?}: {e}"))
     }
 
     /// The API server goes away for a while: the dataplane keeps its rules; right after
