@@ -731,10 +731,11 @@ fn pid_file(path: &std::path::Path) -> u32 {
 }
 
 /// One line of the soak's resource samples: the agents' resident memory (median / max),
-/// most open files, sockets and threads of any agent; each controller's; the API server's
-/// memory and its open watches.
+/// most open files, sockets, threads and runtime tasks of any agent; each controller's; the
+/// API server's memory and its open watches.
 async fn sample_resources(
     agents: &[Arc<faults::Restartable>],
+    agent_metrics: &[Arc<AgentMetrics>],
     controllers: &[Arc<faults::Restartable>],
     apiserver: u32,
     client: &kube::Client,
@@ -748,23 +749,37 @@ async fn sample_resources(
         sockets = sockets.max(r.sockets);
         threads = threads.max(r.threads);
     }
-    let controllers: Vec<String> = controllers
-        .iter()
-        .map(|c| {
-            let r = faults::resources(c.pid());
-            format!(
-                "{} {:.0} MiB, {} files ({} sockets), {} threads",
-                c.label,
-                r.rss_kib as f64 / 1024.0,
-                r.fds,
-                r.sockets,
-                r.threads
-            )
-        })
-        .collect();
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+    let scrape: Vec<Arc<AgentMetrics>> = agent_metrics.to_vec();
+    let tasks = tokio::task::spawn_blocking(move || {
+        scrape
+            .iter()
+            .map(|m| m.value("proxyplan_agent_tokio_tasks"))
+            .filter(|v| v.is_finite())
+            .fold(f64::NAN, f64::max)
+    })
+    .await
+    .unwrap_or(f64::NAN);
+    let mut lines = Vec::new();
+    for c in controllers {
+        let r = faults::resources(c.pid());
+        let pid = c.pid();
+        let tasks = tokio::task::spawn_blocking(move || controller_tasks(pid))
+            .await
+            .unwrap_or(f64::NAN);
+        lines.push(format!(
+            "{} {:.0} MiB, {} files ({} sockets), {} threads, {tasks} tasks",
+            c.label,
+            r.rss_kib as f64 / 1024.0,
+            r.fds,
+            r.sockets,
+            r.threads
+        ));
+    }
+    let request = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap());
+    let text = tokio::time::timeout(Duration::from_secs(10), request)
         .await
+        .ok()
+        .and_then(Result::ok)
         .unwrap_or_default();
     let watches: f64 = text
         .lines()
@@ -773,14 +788,35 @@ async fn sample_resources(
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
+    let watches = if text.is_empty() {
+        "unknown (its /metrics did not answer within 10 s)".to_owned()
+    } else {
+        watches.to_string()
+    };
     format!(
-        "agents {:.0} / {:.0} MiB, at most {fds} files ({sockets} sockets) and {threads} threads; \
-         {}; API server {:.0} MiB, {watches} watches",
+        "agents {:.0} / {:.0} MiB, at most {fds} files ({sockets} sockets), {threads} threads \
+         and {tasks} tasks; {}; API server {:.0} MiB, {watches} watches",
         quantile(&mut rss.clone(), 0.5),
         quantile(&mut rss, 1.0),
-        controllers.join("; "),
+        lines.join("; "),
         status_kib(apiserver, "VmRSS") as f64 / 1024.0
     )
+}
+
+/// A controller's `proxyplan_controller_tokio_tasks`, from whichever of its listening ports
+/// serves metrics (the bench starts it on port 0).
+fn controller_tasks(pid: u32) -> f64 {
+    let Ok(out) = Command::new("ss").args(["-Hltnp"]).output() else {
+        return f64::NAN;
+    };
+    let owner = format!("pid={pid},");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&owner))
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<SocketAddr>().ok())
+        .map(|address| metric(&common::fetch(address), "proxyplan_controller_tokio_tasks"))
+        .find(|v| v.is_finite())
+        .unwrap_or(f64::NAN)
 }
 
 fn socket(ip: u32) -> SocketAddrV4 {
@@ -2042,7 +2078,8 @@ async fn main() {
             writes.load(Ordering::Relaxed)
         );
         if soak && samples.len() < (churn_started.elapsed().as_secs() / 60) as usize {
-            let line = sample_resources(&proxies, &controllers, apiserver_now, &client).await;
+            let line =
+                sample_resources(&proxies, &metrics, &controllers, apiserver_now, &client).await;
             println!("fleet bench: minute {}: {line}", samples.len() + 1);
             samples.push(line);
         }

@@ -92,6 +92,9 @@ pub struct Metrics {
     /// `proxyplan_agent_network_programming_duration_seconds`: the same, with buckets
     /// down to a millisecond.
     pub network_programming_fine: Histogram,
+    /// `proxyplan_agent_tokio_tasks`: tasks alive in the agent's runtime, read when
+    /// scraped (a leak shows here first).
+    pub tokio_tasks: Gauge,
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family}`.
     pub last_sync_timestamp: FamilyTimestamps,
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family}`.
@@ -162,6 +165,7 @@ impl Metrics {
             partial_sync_duration: histograms(sync_buckets),
             network_programming: histograms(programming_buckets),
             network_programming_fine: Histogram::new(fine_programming_buckets()),
+            tokio_tasks: Gauge::default(),
             last_sync_timestamp: Family::default(),
             last_queued_timestamp: Family::default(),
             endpoint_changes_pending: Gauge::default(),
@@ -207,6 +211,11 @@ impl Metrics {
             m.network_programming.clone(),
         );
         registry.register("proxyplan_agent_network_programming_duration_seconds", "From the EndpointSlice change to the kernel updated, with buckets down to a millisecond", m.network_programming_fine.clone());
+        registry.register(
+            "proxyplan_agent_tokio_tasks",
+            "Tasks alive in the agent's async runtime, read when scraped",
+            m.tokio_tasks.clone(),
+        );
         registry.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
@@ -389,6 +398,10 @@ impl Metrics {
     /// The text exposition.
     #[must_use]
     pub fn encode(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.tokio_tasks
+                .set(i64::try_from(runtime.metrics().num_alive_tasks()).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
             text.clear();

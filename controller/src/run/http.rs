@@ -52,6 +52,8 @@ pub struct Metrics {
     pub largest_object_bytes: Gauge,
     /// 1 while this replica holds the Lease.
     pub is_leader: Gauge,
+    /// Tasks alive in the async runtime, read when scraped (a leak shows here first).
+    pub tokio_tasks: Gauge,
 }
 
 impl Metrics {
@@ -68,6 +70,7 @@ impl Metrics {
             write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             largest_object_bytes: Gauge::default(),
             is_leader: Gauge::default(),
+            tokio_tasks: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("events", "Watch events received", metrics.events.clone());
@@ -106,6 +109,11 @@ impl Metrics {
             "1 while this replica holds the leader Lease",
             metrics.is_leader.clone(),
         );
+        registry.register(
+            "tokio_tasks",
+            "Tasks alive in the controller's async runtime, read when scraped",
+            metrics.tokio_tasks.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -115,6 +123,10 @@ impl Metrics {
     /// The text exposition.
     #[must_use]
     pub fn encode(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.tokio_tasks
+                .set(i64::try_from(runtime.metrics().num_alive_tasks()).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
             text.clear();

@@ -130,7 +130,8 @@ impl AgentMetrics {
     }
 }
 
-fn fetch(address: SocketAddr) -> String {
+/// `GET /metrics` from `address` (empty when it does not answer within a few seconds).
+pub fn fetch(address: SocketAddr) -> String {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
     else {
