@@ -305,6 +305,12 @@ struct RunArgs {
     /// removed by someone else. /healthz fails when a change waits twice this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     sync_period: Duration,
+    /// nftables mode: how often the agent asks the kernel whether anyone else changed its
+    /// table (one netlink request and nf_tables' own change announcements; the table is
+    /// read back only when someone did). A change is repaired at once; 0 leaves it to the
+    /// periodic resync.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    tamper_check_interval: Duration,
     /// Minimum time between status writes that only change the service port and endpoint
     /// counts (conditions and the applied plan revision are written at once). Keeps
     /// endpoint churn from costing one API write per node.
@@ -568,6 +574,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         kubeconfig,
         min_sync_interval,
         sync_period,
+        tamper_check_interval,
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,
@@ -615,6 +622,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         nodeport_primary,
         min_sync_interval,
         sync_period,
+        tamper_check_interval,
         status_min_interval,
         healthz_bind_address,
         metrics_bind_address,

@@ -41,6 +41,7 @@ fn settings() -> Settings {
         nodeport_addresses: Vec::new(),
         min_sync_interval: Duration::from_millis(20),
         sync_period: PERIOD,
+        tamper_check_interval: Duration::ZERO,
         status_min_interval: Duration::from_secs(60),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),

@@ -78,6 +78,7 @@ fn settings() -> Settings {
         nodeport_addresses: vec!["127.0.0.0/8".parse().unwrap()],
         min_sync_interval: Duration::from_millis(20),
         sync_period: Duration::from_secs(60),
+        tamper_check_interval: Duration::ZERO,
         status_min_interval: Duration::from_secs(60),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
@@ -301,6 +302,7 @@ async fn no_status_patch_when_nothing_changed() {
     let mut agent = start(
         Settings {
             sync_period: Duration::from_millis(150),
+            tamper_check_interval: Duration::ZERO,
             status_min_interval: Duration::from_millis(50),
             ..settings()
         },
@@ -426,6 +428,7 @@ async fn invalid_plan_is_refused_whole_and_the_last_good_plan_stays() {
     let mut agent = start(
         Settings {
             sync_period: Duration::from_millis(300),
+            tamper_check_interval: Duration::ZERO,
             ..settings()
         },
         |api| put_cluster(api, hc_port),
@@ -629,6 +632,7 @@ async fn failing_syncs_degrade_and_flip_healthz_to_503() {
     let mut agent = start(
         Settings {
             sync_period: Duration::from_millis(200),
+            tamper_check_interval: Duration::ZERO,
             ..settings()
         },
         |api| put_cluster(api, hc_port),
@@ -667,6 +671,48 @@ async fn failing_syncs_degrade_and_flip_healthz_to_503() {
     let body = agent.api.expect_status_patch(NODE).await;
     assert_condition(&body["status"], "Ready", "True", "Synced", 1);
     assert_eq!(body["status"]["appliedRevision"], "p1");
+    agent.stop().await;
+}
+
+/// nftables mode asks the kernel every --tamper-check-interval whether someone else
+/// changed its table: a change found is repaired at once, long before the periodic resync
+/// (60 s here); nothing found, nothing is synced.
+#[tokio::test]
+async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
+    let mut settings = settings();
+    settings.mode = ProxyMode::Nftables;
+    settings.tamper_check_interval = Duration::from_millis(100);
+    let mut agent = start(settings, |api| {
+        put_cluster(api, 0);
+        api.put_plan(&plan("p1", &[]));
+    })
+    .await;
+    agent.first_sync().await;
+    // Intact: checked, not synced.
+    for _ in 0..3 {
+        loop {
+            match agent.dataplane.next_call().await {
+                Call::RulesIntact(true) => break,
+                Call::RulesIntact(false) => panic!("the fake kernel is intact"),
+                Call::Sync(plan, _) => {
+                    panic!("synced revision {} with nothing to repair", plan.revision)
+                }
+            }
+        }
+    }
+    let tampered = std::time::Instant::now();
+    agent.dataplane.intact.store(false, Ordering::SeqCst);
+    let (plan, ok) = agent.dataplane.next_sync().await;
+    agent.dataplane.intact.store(true, Ordering::SeqCst);
+    let took = tampered.elapsed();
+    assert!(ok);
+    assert_eq!(plan.revision, "p1");
+    assert!(took < Duration::from_secs(5), "repaired after {took:?}");
+    let metrics = agent.metrics().await;
+    assert!(
+        metric_value(&metrics, "proxyplan_agent_canary_missing_total") >= 1.0,
+        "{metrics}"
+    );
     agent.stop().await;
 }
 
@@ -904,6 +950,7 @@ async fn keeps_programming_the_last_plan_when_the_api_server_is_gone() {
     let mut agent = start(
         Settings {
             sync_period: Duration::from_millis(200),
+            tamper_check_interval: Duration::ZERO,
             ..settings()
         },
         |api| put_cluster(api, hc_port),

@@ -84,6 +84,10 @@ pub struct Settings {
     /// Time between periodic resyncs (with a canary check); `/healthz` fails when a
     /// change has waited twice this long.
     pub sync_period: Duration,
+    /// nftables mode: how often the kernel is asked whether anyone else changed the
+    /// agent's table, which is then repaired at once; zero leaves it to the periodic
+    /// resync.
+    pub tamper_check_interval: Duration,
     /// Minimum time between status writes that only change `appliedShards`, counts or
     /// the sync duration.
     pub status_min_interval: Duration,

@@ -58,6 +58,11 @@ pub struct SyncLoop {
     healthchecks: HealthCheckServers,
     /// Where the health-check record goes, if anywhere.
     state_dir: Option<PathBuf>,
+    /// nftables mode: how often the kernel is asked whether anyone else changed the
+    /// agent's table (`None`: only at the periodic resync).
+    tamper_check: Option<Duration>,
+    /// When it is next asked.
+    tamper_due: Instant,
     /// The record last written (or read at start).
     recorded: Option<HealthCheckRecord>,
 }
@@ -107,6 +112,10 @@ impl SyncLoop {
             health,
             state_dir: settings.state_dir.clone(),
             recorded: None,
+            tamper_check: (settings.mode == ProxyMode::Nftables
+                && !settings.tamper_check_interval.is_zero())
+            .then_some(settings.tamper_check_interval),
+            tamper_due: Instant::now(),
         })
     }
 
@@ -142,6 +151,11 @@ impl SyncLoop {
         loop {
             let (due, kind) = self.schedule.next(self.cache.listed(), Instant::now());
             let status_due = self.gate.due();
+            // Only once something is programmed: before, there is nothing to tamper with.
+            let tamper_due = self
+                .tamper_check
+                .filter(|_| self.applied.is_some())
+                .map(|_| self.tamper_due);
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
@@ -151,6 +165,7 @@ impl SyncLoop {
                 },
                 () = tokio::time::sleep_until(due) => self.sync(kind).await?,
                 () = sleep_until(status_due) => self.release_status(),
+                () = sleep_until(tamper_due) => self.tamper_check().await?,
             }
         }
     }
@@ -377,6 +392,33 @@ impl SyncLoop {
         match record.write(dir) {
             Ok(()) => self.recorded = Some(record),
             Err(err) => warn!(%err, "cannot write the health-check record"),
+        }
+    }
+
+    /// nftables mode, between periodic resyncs: asks the kernel whether anyone else
+    /// changed the agent's table (a generation read and nf_tables' announcements; the
+    /// table is read back only when someone did) and repairs it at once when so, instead
+    /// of at the next periodic resync.
+    async fn tamper_check(&mut self) -> Result<(), RunError> {
+        if let Some(interval) = self.tamper_check {
+            self.tamper_due = Instant::now() + interval;
+        }
+        match self
+            .dataplane
+            .rules_intact()
+            .await
+            .map_err(|_| RunError::DataplaneStopped)?
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                warn!("someone else changed the agent's rules; restoring them now");
+                self.metrics.canary_missing.inc();
+                self.sync(SyncKind::Periodic).await
+            }
+            Err(err) => {
+                debug!(%err, "tamper check failed; the periodic resync checks again");
+                Ok(())
+            }
         }
     }
 
