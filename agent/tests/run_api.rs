@@ -690,13 +690,11 @@ async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
     agent.first_sync().await;
     // Intact: checked, not synced.
     for _ in 0..3 {
-        loop {
-            match agent.dataplane.next_call().await {
-                Call::RulesIntact(true) => break,
-                Call::RulesIntact(false) => panic!("the fake kernel is intact"),
-                Call::Sync(plan, _) => {
-                    panic!("synced revision {} with nothing to repair", plan.revision)
-                }
+        match agent.dataplane.next_call().await {
+            Call::RulesIntact(true) => {}
+            Call::RulesIntact(false) => panic!("the fake kernel is intact"),
+            Call::Sync(plan, _) => {
+                panic!("synced revision {} with nothing to repair", plan.revision)
             }
         }
     }
