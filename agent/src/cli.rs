@@ -60,6 +60,21 @@ enum Command {
     Cleanup(CleanupArgs),
     /// Validate a plan file and print the merged service ports it programs.
     Check(CheckArgs),
+    /// Explain what this node does with the first packet of one flow, and why; and
+    /// whether the kernel holds exactly this node's plan.
+    ///
+    /// Run it on the node (kubectl exec into the agent's pod). It answers from the node's
+    /// merged plan (read from the API server, or --plan FILE): which Service port the
+    /// destination matches (cluster IP, external IP, load-balancer IP, node port), which
+    /// endpoints a new connection can reach and with what probability, session affinity,
+    /// whether it is masqueraded and why; or why it is dropped or rejected (no endpoints,
+    /// Local policy with no endpoint here, loadBalancerSourceRanges, an unknown port, an
+    /// unallocated Service CIDR address). Then it reads the kernel: which mode's rules the
+    /// node holds, and whether a sync of this plan would change anything there (the
+    /// differences are listed); in iptables mode it also traces the packet through the
+    /// live rules. The running agent's flags are read from --state-dir, so the kernel is
+    /// compared with what that agent programs.
+    Explain(Box<ExplainArgs>),
     /// Set the node's conntrack sysctls (table size and timeouts, kube-proxy's flags and
     /// defaults), then exit: for a privileged init container, since the agent itself runs
     /// unprivileged and /proc/sys is read-only there (it checks them again at start).
@@ -363,6 +378,62 @@ struct ApplyArgs {
     conntrack: ConntrackArgs,
 }
 
+/// `explain --protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ProtocolArg {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+/// `explain -o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputArg {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    /// Source address of the flow: a pod's IP, an outside client's, or with --from-host
+    /// one of the node's.
+    #[arg(long, value_name = "IP")]
+    from: std::net::IpAddr,
+    /// Destination, ADDRESS:PORT ([ADDRESS]:PORT for IPv6): a cluster IP, an external
+    /// or load-balancer IP with the Service's port, or a node address with a node port.
+    #[arg(long, value_name = "ADDRESS:PORT")]
+    to: SocketAddr,
+    /// Transport protocol.
+    #[arg(long, value_enum, default_value = "tcp")]
+    protocol: ProtocolArg,
+    /// The packet is sent by a process on the node itself (host network).
+    #[arg(long)]
+    from_host: bool,
+    /// The interface the packet arrives on (for local-traffic detection by interface).
+    #[arg(long, value_name = "NAME")]
+    interface: Option<String>,
+    /// Read the plan from this file (as `proxyplan-controller plan --node` prints it)
+    /// instead of the API server.
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
+    /// The node whose plan to read (default: $NODE_NAME, else the running agent's).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node: Option<String>,
+    /// Kubeconfig file; without it, the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The running agent's state directory: its flags are read from there
+    /// (agent-args.json), so the kernel is compared with what it programs.
+    #[arg(long, value_name = "DIR", default_value = "/run/proxyplan")]
+    state_dir: PathBuf,
+    /// Explain from the plan only; do not read the kernel.
+    #[arg(long)]
+    no_kernel: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "human")]
+    output: OutputArg,
+}
+
 #[derive(Debug, Args)]
 struct CleanupArgs {
     #[command(flatten)]
@@ -388,6 +459,7 @@ impl Cli {
             Command::Apply(args) => apply(args),
             Command::Cleanup(args) => cleanup(args),
             Command::Check(args) => check(args),
+            Command::Explain(args) => explain(*args),
             Command::Setup(args) => setup(&args),
         };
         match result {
@@ -594,6 +666,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!sync_period.is_zero(), "--sync-period must be positive");
     // Before the dataplane starts: iptables mode reads nf_conntrack_tcp_be_liberal.
     conntrack.apply();
+    record_args(&state_dir);
     let (nodeport_addresses, nodeport_primary) = render.nodeport()?;
     let render = render.settings()?;
     let (mode, why) = dataplane_args.resolve();
@@ -791,6 +864,293 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         println!("{done}");
     }
     Ok(())
+}
+
+/// The file in the state directory that holds the running agent's arguments, for
+/// `explain` to render exactly as it does.
+const AGENT_ARGS_FILE: &str = "agent-args.json";
+
+/// Records this agent's arguments in the state directory (best effort).
+fn record_args(state_dir: &std::path::Path) {
+    if state_dir.as_os_str().is_empty() {
+        return;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let written = std::fs::create_dir_all(state_dir).and_then(|()| {
+        std::fs::write(
+            state_dir.join(AGENT_ARGS_FILE),
+            serde_json::to_vec(&args).unwrap_or_default(),
+        )
+    });
+    if let Err(err) = written {
+        tracing::warn!(dir = %state_dir.display(), %err, "could not record the agent's arguments for explain");
+    }
+}
+
+/// The running agent's `run` arguments, from its state directory; `None` when there is no
+/// record (then `explain` renders with the defaults).
+fn recorded_run_args(state_dir: &std::path::Path) -> anyhow::Result<Option<RunArgs>> {
+    let path = state_dir.join(AGENT_ARGS_FILE);
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err).with_context(|| path.display().to_string()),
+    };
+    let args: Vec<String> = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: not a JSON list", path.display()))?;
+    let cli = Cli::try_parse_from(std::iter::once("proxyplan-agent".to_owned()).chain(args))
+        .with_context(|| format!("{}: the recorded arguments do not parse", path.display()))?;
+    match cli.command {
+        Command::Run(run) => Ok(Some(*run)),
+        _ => anyhow::bail!("{}: not the arguments of `run`", path.display()),
+    }
+}
+
+/// The merged plan of `node`, from the API server.
+fn plan_from_api(
+    node: &str,
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<proxyplan_crds::MergedPlan> {
+    use kube::api::{Api, ListParams};
+    use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = proxyplan_crds::runtime::client(kubeconfig).await?;
+        let plan = Api::<NodeProxyPlan>::all(client.clone())
+            .get_opt(node)
+            .await
+            .with_context(|| format!("reading NodeProxyPlan {node}"))?
+            .with_context(|| format!("no NodeProxyPlan {node}: is the controller running, and is the node name right?"))?;
+        let services = Api::<ServiceProxyPlan>::all(client)
+            .list(&ListParams::default().labels(&run::watches::service_plan_selector()))
+            .await
+            .context("listing ServiceProxyPlans")?
+            .items;
+        let merged = proxyplan_crds::merge_owned(plan, services)
+            .with_context(|| format!("NodeProxyPlan {node} is refused"))?;
+        for refused in &merged.refused {
+            eprintln!("note: {refused}");
+        }
+        Ok(merged)
+    })
+}
+
+fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+    use proxyplan_agent::explain::{self as x, Flow, KernelView};
+    let ExplainArgs {
+        from,
+        to,
+        protocol,
+        from_host,
+        interface,
+        plan,
+        node,
+        kubeconfig,
+        state_dir,
+        no_kernel,
+        output,
+    } = args;
+    let recorded = recorded_run_args(&state_dir)?;
+    let merged = match &plan {
+        Some(file) => read_plan_file(file)?,
+        None => {
+            let node = node
+                .or_else(|| recorded.as_ref().map(|r| r.node.clone()))
+                .context("no node: give --node (or NODE_NAME), or --plan FILE")?;
+            let kubeconfig =
+                kubeconfig.or_else(|| recorded.as_ref().and_then(|r| r.kubeconfig.clone()));
+            plan_from_api(&node, kubeconfig.as_deref())?
+        }
+    };
+    let merged = std::sync::Arc::new(merged);
+    let flow = Flow {
+        source: from,
+        destination: to.ip(),
+        port: to.port(),
+        protocol: match protocol {
+            ProtocolArg::Tcp => proxyplan_crds::Protocol::TCP,
+            ProtocolArg::Udp => proxyplan_crds::Protocol::UDP,
+            ProtocolArg::Sctp => proxyplan_crds::Protocol::SCTP,
+        },
+        from_host,
+        interface,
+    };
+    let (dataplane_args, render) = match recorded {
+        Some(run) => (run.dataplane, run.render),
+        None => {
+            let Command::Run(run) =
+                Cli::try_parse_from(["proxyplan-agent", "run", "--node", "-"])?.command
+            else {
+                anyhow::bail!("the default arguments do not parse");
+            };
+            (run.dataplane, run.render)
+        }
+    };
+    let render = render.settings()?;
+    let kernel = (!no_kernel).then(|| held_mode(&dataplane_args, &render));
+    let mode = match &kernel {
+        Some(Ok(Some(mode))) => *mode,
+        _ => dataplane_args
+            .resolve_explicit()
+            .unwrap_or(ProxyMode::Nftables),
+    };
+    let mut explanation = x::explain(&merged, &flow, mode.as_str());
+    explanation.kernel = kernel.map(|held| match held {
+        Err(err) => KernelView {
+            error: Some(format!("{err:#}")),
+            ..KernelView::default()
+        },
+        Ok(None) => KernelView::default(),
+        Ok(Some(mode)) => kernel_view(&dataplane_args, &render, mode, &merged, &explanation),
+    });
+    match output {
+        OutputArg::Human => print!("{}", x::human(&explanation)),
+        OutputArg::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+    }
+    Ok(())
+}
+
+/// The mode whose rules the node holds (`--mode` when it names one), or none.
+fn held_mode(args: &DataplaneArgs, render: &RenderSettings) -> anyhow::Result<Option<ProxyMode>> {
+    let candidates = match args.resolve_explicit() {
+        Some(mode) => vec![mode],
+        // ipvs before iptables: ipvs mode holds iptables rules of its own too.
+        None => vec![ProxyMode::Nftables, ProxyMode::Ipvs, ProxyMode::Iptables],
+    };
+    let mut last_error = None;
+    for mode in candidates {
+        // ipvs and iptables modes share their iptables jumps: ipvs mode also has its
+        // dummy interface.
+        if mode == ProxyMode::Ipvs && !switch::may_have_left(mode, &args.ipvs.ipvs_interface) {
+            continue;
+        }
+        match args.dataplane(mode, render).holds_rules() {
+            Ok(true) => return Ok(Some(mode)),
+            Ok(false) => {}
+            Err(err) => {
+                last_error = Some(anyhow::Error::from(err).context(format!(
+                    "asking the kernel for {} mode's rules",
+                    mode.as_str()
+                )))
+            }
+        }
+    }
+    match (args.resolve_explicit(), last_error) {
+        (Some(_), Some(err)) => Err(err),
+        _ => Ok(None),
+    }
+}
+
+/// The kernel's side: a dry-run sync of the plan against the live kernel, and in iptables
+/// mode the live rules' trace of the packet.
+fn kernel_view(
+    args: &DataplaneArgs,
+    render: &RenderSettings,
+    mode: ProxyMode,
+    merged: &std::sync::Arc<proxyplan_crds::MergedPlan>,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> proxyplan_agent::explain::KernelView {
+    use proxyplan_agent::explain::{KernelView, MAX_DIFFERENCES};
+    let mut view = KernelView {
+        mode: Some(mode.as_str().to_owned()),
+        ..KernelView::default()
+    };
+    match args.dataplane(mode, render).sync_shared(merged, true) {
+        Ok(report) => {
+            view.changes = report.changed;
+            view.agrees = report.changed == 0;
+            view.differences = report
+                .payload
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(MAX_DIFFERENCES)
+                .map(str::to_owned)
+                .collect();
+        }
+        Err(err) => view.error = Some(format!("a dry-run sync failed: {err}")),
+    }
+    if mode == ProxyMode::Iptables {
+        match trace_live(args, merged, explanation) {
+            Ok(traced) => view.traced = Some(traced),
+            Err(err) => view.trace_error = Some(err),
+        }
+    }
+    view
+}
+
+/// iptables mode: the packet traced through the live rules.
+fn trace_live(
+    args: &DataplaneArgs,
+    merged: &proxyplan_crds::MergedPlan,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> Result<proxyplan_agent::explain::Traced, String> {
+    use proxyplan_agent::explain::{Traced, Verdict};
+    use proxyplan_agent::kernel::iptables::{Backend, Tool};
+    use proxyplan_agent::modes::iptables::trace::{self, Packet};
+    let runner = CommandRunner::new();
+    let choice = match args.iptables_backend {
+        IptablesBackend::Auto => BackendChoice::Auto,
+        IptablesBackend::Nft => BackendChoice::Nft,
+        IptablesBackend::Legacy => BackendChoice::Legacy,
+    };
+    let family = if explanation.flow.destination.is_ipv4() {
+        proxyplan_agent::kernel::Family::V4
+    } else {
+        proxyplan_agent::kernel::Family::V6
+    };
+    let save = Backend::resolve(choice, &runner).binary(family, Tool::Save);
+    let out = runner
+        .run(&save, &[], None)
+        .map_err(|e| format!("{save}: {e}"))?;
+    let rules = trace::live_rules(&out.stdout);
+    let flow = &explanation.flow;
+    let mut packet = Packet::new(flow.source, flow.destination, flow.protocol, flow.port);
+    if flow.from_host {
+        packet = packet.host_originated();
+    }
+    let result = trace::trace(&rules, &merged.addresses, &packet)
+        .map_err(|e| format!("tracing the live rules: {e}"))?;
+    let verdict = match result.verdict {
+        trace::Verdict::Accept => "accept",
+        trace::Verdict::Reject => "reject",
+        trace::Verdict::Drop => "drop",
+    };
+    let planned: Vec<String> = match &explanation.verdict {
+        Verdict::Dnat { endpoints, .. } => endpoints.iter().map(|e| e.endpoint.clone()).collect(),
+        _ => Vec::new(),
+    };
+    let endpoints: Vec<String> = result.endpoints.iter().cloned().collect();
+    let agrees_with_plan = match &explanation.verdict {
+        Verdict::Dnat {
+            endpoints: reach, ..
+        } => {
+            result.verdict == trace::Verdict::Accept
+                && endpoints.iter().collect::<std::collections::BTreeSet<_>>()
+                    == planned.iter().collect()
+                && reach
+                    .iter()
+                    .all(|r| result.masquerade_to(&r.endpoint) == Some(r.masquerade))
+        }
+        Verdict::Reject { .. } => result.verdict == trace::Verdict::Reject,
+        Verdict::Drop { .. } => result.verdict == trace::Verdict::Drop,
+        Verdict::NotProxied { .. } => {
+            result.verdict == trace::Verdict::Accept && endpoints.is_empty()
+        }
+    };
+    Ok(Traced {
+        verdict: verdict.to_owned(),
+        endpoints,
+        masquerade: result.masquerade,
+        agrees_with_plan,
+        rules: result
+            .paths
+            .first()
+            .map(|p| p.rules.clone())
+            .unwrap_or_default(),
+    })
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {

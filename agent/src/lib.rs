@@ -11,9 +11,13 @@
 //!   and ipvs modes program, and which UDP conntrack entries a sync makes stale.
 //! - [`kernel`]: every conversation with the kernel, each with its fake beside it; it
 //!   imports nothing else of the agent.
+//!
+//! Beside them, [`explain`] says what a node does with one flow, by its merged plan
+//! (`proxyplan-agent explain`, which adds the kernel's side through the modes).
 
 pub mod conntrack;
 pub mod dataplane;
+pub mod explain;
 pub mod kernel;
 pub mod modes;
 pub mod ruleset;

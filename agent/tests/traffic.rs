@@ -134,6 +134,88 @@ fn until_all(want: &[&str], tries: usize, mut probe: impl FnMut() -> Outcome) ->
     panic!("{tries} probes reached only {seen:?}, not every one of {want:?}");
 }
 
+/// What real packets showed, for [`assert_explained`].
+enum Showed<'a> {
+    /// Served by these backends (with the sources they saw).
+    Served(&'a Seen),
+    /// Refused.
+    Refused,
+    /// Dropped by the proxy's rules.
+    Dropped,
+    /// Left untranslated: answered by a server at the address itself, or lost on the way
+    /// because nothing is there.
+    Untouched,
+}
+
+/// A client of [`assert_explained`]: its address and whether it is the node itself.
+struct From<'a>(&'a str, bool);
+
+/// `proxyplan-agent explain`'s verdict on `plan`, for a connection from `from` to
+/// `addr:port`, is what the real packets showed: the same endpoints (each masqueraded
+/// exactly when its backend saw another source than the client's; not compared for the
+/// node itself, whose own address is what masquerade gives too), a reject, a drop, or
+/// nothing done.
+fn assert_explained(
+    lab: &Lab,
+    plan: &MergedPlan,
+    from: &From<'_>,
+    (addr, port): (&str, u16),
+    protocol: proxyplan_crds::Protocol,
+    showed: &Showed<'_>,
+) {
+    use proxyplan_agent::explain::{Flow, Verdict, explain, human};
+    let flow = Flow {
+        source: ip(from.0),
+        destination: ip(addr),
+        port,
+        protocol,
+        from_host: from.1,
+        interface: None,
+    };
+    let mode = traffic_support::mode_under_test().as_str();
+    let x = explain(plan, &flow, mode);
+    let what = format!(
+        "explain in {mode} mode for {} -> {addr}:{port}:\n{}",
+        from.0,
+        human(&x)
+    );
+    match (showed, &x.verdict) {
+        (Showed::Served(seen), Verdict::Dnat { endpoints, .. }) => {
+            let family = if flow.destination.is_ipv4() {
+                Family::V4
+            } else {
+                Family::V6
+            };
+            let mut real = BTreeMap::new();
+            for (backend, sources) in *seen {
+                let (pod, target) = backend.split_once('/').expect("pod/port");
+                let address: IpAddr = ip(lab.pod(pod).ip(family));
+                let endpoint = match address {
+                    IpAddr::V4(a) => format!("{a}:{target}"),
+                    IpAddr::V6(a) => format!("[{a}]:{target}"),
+                };
+                real.insert(endpoint, sources.iter().any(|s| *s != flow.source));
+            }
+            let explained: BTreeMap<String, bool> = endpoints
+                .iter()
+                .map(|r| (r.endpoint.clone(), r.masquerade))
+                .collect();
+            assert_eq!(
+                explained.keys().collect::<Vec<_>>(),
+                real.keys().collect::<Vec<_>>(),
+                "{what}"
+            );
+            if !from.1 {
+                assert_eq!(explained, real, "masquerade per endpoint; {what}");
+            }
+        }
+        (Showed::Refused, Verdict::Reject { .. })
+        | (Showed::Dropped, Verdict::Drop { .. })
+        | (Showed::Untouched, Verdict::NotProxied { .. }) => {}
+        _ => panic!("real packets and explain disagree; {what}"),
+    }
+}
+
 /// `until_all` over TCP.
 fn tcp_until_all(client: &Client<'_>, addr: &str, port: u16, want: &[&str]) -> Seen {
     until_all(want, 40, || client.tcp(addr, port))
@@ -202,6 +284,8 @@ fn sctp(mut entry: ServicePortPlan) -> ServicePortPlan {
     entry
 }
 
+const TCP: proxyplan_crds::Protocol = proxyplan_crds::Protocol::TCP;
+
 fn sync(dp: &mut impl Dataplane, plan: &MergedPlan) {
     dp.sync(plan, false).expect("sync");
 }
@@ -250,7 +334,8 @@ fn clusterip_keeps_pod_source_and_masquerades_off_cluster_clients() {
         80,
         &["10.244.1.10:8080", "10.244.2.10:8080"],
     );
-    sync(&mut dp, &plan(vec![web]));
+    let web_plan = plan(vec![web]);
+    sync(&mut dp, &web_plan);
 
     let want = ["a1/8080", "r1/8080"];
     let from_pod = tcp_until_all(&lab.client("a2"), "10.96.0.10", 80, &want);
@@ -265,6 +350,15 @@ fn clusterip_keeps_pod_source_and_masquerades_off_cluster_clients() {
     let from_node = tcp_until_all(&lab.client("node"), "10.96.0.10", 80, &want);
     assert_eq!(sources(&from_node, "a1/8080"), only(NODE_POD_GW_V4));
     assert_eq!(sources(&from_node, "r1/8080"), only(NODE_TO_REMOTE_V4));
+
+    let to = ("10.96.0.10", 80);
+    for (from, seen) in [
+        (From("10.244.1.11", false), &from_pod),
+        (From(EXT_V4, false), &from_ext),
+        (From(NODE_V4, true), &from_node),
+    ] {
+        assert_explained(&lab, &web_plan, &from, to, TCP, &Showed::Served(seen));
+    }
 }
 
 /// Local-traffic detection by interface: a connection from pod `local` (arriving on its
@@ -449,13 +543,31 @@ fn load_balancer_source_ranges_admit_only_listed_sources() {
         "192.0.2.20",
         &["10.10.0.100/32"],
     );
-    sync(&mut dp, &plan(vec![lb]));
+    let lb_plan = plan(vec![lb]);
+    sync(&mut dp, &lb_plan);
     let allowed = lab.client("ext").bind(EXT_V4);
     let seen = tcp_until_all(&allowed, "192.0.2.20", 80, &["a1/8080", "r1/8080"]);
     assert_eq!(sources(&seen, "a1/8080"), only(NODE_POD_GW_V4));
     assert_dropped("load-balancer IP from a source outside the ranges", || {
         lab.client("ext").bind(EXT2_V4).tcp("192.0.2.20", 80)
     });
+    let vip = ("192.0.2.20", 80);
+    assert_explained(
+        &lab,
+        &lb_plan,
+        &From(EXT_V4, false),
+        vip,
+        TCP,
+        &Showed::Served(&seen),
+    );
+    assert_explained(
+        &lab,
+        &lb_plan,
+        &From(EXT2_V4, false),
+        vip,
+        TCP,
+        &Showed::Dropped,
+    );
     assert!(
         lab.client("ext")
             .bind(EXT2_V4)
@@ -572,13 +684,31 @@ fn external_traffic_policy_local_without_local_endpoint_drops() {
         node_port(service("nowhere", "10.96.0.23", 80, &[]), 30083),
         &[],
     );
-    sync(&mut dp, &plan(vec![elsewhere, nowhere]));
+    let local_plan = plan(vec![elsewhere, nowhere]);
+    sync(&mut dp, &local_plan);
     assert_dropped("Local node port without a local endpoint", || {
         lab.client("ext").tcp(NODE_V4, 30082)
     });
     assert_rejected("node port of a Service without endpoints", || {
         lab.client("ext").tcp(NODE_V4, 30083)
     });
+    let ext = From(EXT_V4, false);
+    assert_explained(
+        &lab,
+        &local_plan,
+        &ext,
+        (NODE_V4, 30082),
+        TCP,
+        &Showed::Dropped,
+    );
+    assert_explained(
+        &lab,
+        &local_plan,
+        &ext,
+        (NODE_V4, 30083),
+        TCP,
+        &Showed::Refused,
+    );
     // The cluster IP (Cluster internal policy) still reaches the remote endpoint.
     assert_eq!(
         lab.client("ext").tcp("10.96.0.22", 80).backend(),
@@ -717,14 +847,33 @@ fn service_without_endpoints_is_rejected() {
         "192.0.2.13",
         &[],
     );
-    sync(
-        &mut dp,
-        &plan(vec![
-            empty,
-            udp(service("empty-dns", "10.96.0.13", 53, &[])),
-            service("empty6", "fd00:10:96::12", 80, &[]),
-        ]),
-    );
+    let empty_plan = plan(vec![
+        empty,
+        udp(service("empty-dns", "10.96.0.13", 53, &[])),
+        service("empty6", "fd00:10:96::12", 80, &[]),
+    ]);
+    sync(&mut dp, &empty_plan);
+    for (from, to, protocol) in [
+        (From("10.244.1.10", false), ("10.96.0.12", 80), TCP),
+        (From(NODE_V4, true), ("10.96.0.12", 80), TCP),
+        (
+            From("10.244.1.10", false),
+            ("10.96.0.13", 53),
+            proxyplan_crds::Protocol::UDP,
+        ),
+        (
+            From("fd00:10:244:1::10", false),
+            ("fd00:10:96::12", 80),
+            TCP,
+        ),
+        (From(EXT_V4, false), ("10.96.0.12", 80), TCP),
+        (From(EXT_V4, false), (NODE_V4, 30090), TCP),
+        (From(EXT_V4, false), ("192.0.2.12", 80), TCP),
+        (From(EXT_V4, false), ("192.0.2.13", 80), TCP),
+    ] {
+        // Each is refused below, by real packets.
+        assert_explained(&lab, &empty_plan, &from, to, protocol, &Showed::Refused);
+    }
     assert_rejected("TCP from a pod", || lab.client("a1").tcp("10.96.0.12", 80));
     assert_rejected("TCP from the node", || {
         lab.client("node").tcp("10.96.0.12", 80)
@@ -828,22 +977,25 @@ fn unknown_port_of_a_cluster_ip() {
     };
     lab.serve("a1", Family::V4, Listener::Tcp, 8080);
     let mut dp = lab.dataplane();
-    sync(
-        &mut dp,
-        &plan(vec![
-            service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
-            udp(service("dns", "10.96.0.53", 53, &["10.244.1.10:5353"])),
-        ]),
-    );
+    let ports_plan = plan(vec![
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        udp(service("dns", "10.96.0.53", 53, &["10.244.1.10:5353"])),
+    ]);
+    sync(&mut dp, &ports_plan);
     let pod = lab.client("a2").limit(Duration::from_secs(1));
     assert_eq!(pod.tcp("10.96.0.10", 80).backend(), Some("a1/8080"));
     for (addr, port) in [("10.96.0.10", 81), ("10.96.0.53", 53)] {
         let probe = || pod.tcp(addr, port);
-        if ipvs() || nftables() {
+        // iptables mode leaves it untranslated; nothing is at a cluster IP, so it is lost.
+        let showed = if ipvs() || nftables() {
             assert_rejected(&format!("{addr}:{port}"), probe);
+            Showed::Refused
         } else {
             assert_dropped(&format!("{addr}:{port}"), probe);
-        }
+            Showed::Untouched
+        };
+        let from = From("10.244.1.11", false);
+        assert_explained(&lab, &ports_plan, &from, (addr, port), TCP, &showed);
     }
 }
 
@@ -881,11 +1033,26 @@ fn unallocated_address_in_the_service_cidrs() {
     for (addr, _) in unused {
         for (who, client) in [("pod", &pod), ("node", &node)] {
             let what = format!("{who} to unallocated {addr}:80");
-            if nftables() {
+            let showed = if nftables() {
                 assert_dropped(&what, || client.tcp(addr, 80));
+                Showed::Dropped
             } else {
                 assert_eq!(client.tcp(addr, 80).backend(), Some("ext/80"), "{what}");
-            }
+                Showed::Untouched
+            };
+            let from = if who == "pod" {
+                From(
+                    lab.pod("a2").ip(if addr.contains(':') {
+                        Family::V6
+                    } else {
+                        Family::V4
+                    }),
+                    false,
+                )
+            } else {
+                From(if addr.contains(':') { NODE_V6 } else { NODE_V4 }, true)
+            };
+            assert_explained(&lab, &plan, &from, (addr, 80), TCP, &showed);
         }
     }
     // Outside the ServiceCIDRs, the same addresses are the network's.

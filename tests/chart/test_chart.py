@@ -407,6 +407,7 @@ class Defaults(unittest.TestCase):
             "--iptables-backend=auto",
             "--masquerade-bit=13",
             "--sync-period=30s",
+            "--tamper-check-interval=1s",
             "--healthz-bind-address=0.0.0.0:10256",
             "--metrics-bind-address=127.0.0.1:10249",
         ):
@@ -491,6 +492,7 @@ OVERRIDES = {
         "masqueradeBit": 12,
         "nodeportAddresses": ["192.168.0.0/16", "10.0.0.0/8"],
         "syncPeriod": "1m",
+        "tamperCheckInterval": "250ms",
         "minSyncInterval": "500ms",
         "metrics": {"bindAddress": "0.0.0.0", "port": 10250},
         "healthz": {"port": 10266},
@@ -547,6 +549,7 @@ class Overrides(unittest.TestCase):
             "--masquerade-bit=12",
             "--nodeport-addresses=192.168.0.0/16,10.0.0.0/8",
             "--sync-period=1m",
+            "--tamper-check-interval=250ms",
             "--min-sync-interval=500ms",
             "--metrics-bind-address=0.0.0.0:10250",
             "--healthz-bind-address=0.0.0.0:10266",

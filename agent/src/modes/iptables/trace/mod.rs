@@ -23,6 +23,7 @@
 //! [`path`] has the packet and what a trace finds, [`rules`] reads the rules, [`walk`]
 //! follows the packet through them.
 
+pub mod live;
 pub mod path;
 pub mod rules;
 pub mod walk;
@@ -30,5 +31,6 @@ pub mod walk;
 #[cfg(test)]
 mod tests;
 
+pub use live::live_rules;
 pub use path::{Packet, TraceError, TracePath, TraceResult, Verdict};
 pub use walk::{Tracer, trace};

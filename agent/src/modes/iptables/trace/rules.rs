@@ -364,6 +364,15 @@ impl Module {
                 number(&value()?)?;
             }
             (Self::Recent { .. }, "--reap" | "--rsource") if !negated => {}
+            // iptables-save spells out the default mask: the whole source address.
+            (Self::Recent { .. }, "--mask") if !negated => {
+                let mask = value()?;
+                if !["255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]
+                    .contains(&mask.as_str())
+                {
+                    return Err(format!("unsupported recent mask {mask:?}"));
+                }
+            }
             (Self::Mark { mark }, "--mark") => {
                 let (v, m) = value_mask(&value()?)?;
                 *mark = Some((v, m, negated));
@@ -382,7 +391,7 @@ impl Module {
             (
                 Self::Comment { .. } | Self::Statistic { .. } | Self::Recent { .. },
                 "--comment" | "--mode" | "--probability" | "--name" | "--rcheck" | "--set"
-                | "--seconds" | "--reap" | "--rsource",
+                | "--seconds" | "--reap" | "--rsource" | "--mask",
             ) => return Err(not_negatable()),
             (_, other) => return Err(format!("unsupported option {other}")),
         }
