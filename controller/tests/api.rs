@@ -1200,6 +1200,38 @@ async fn sync_loop_writes_only_as_leader() {
     api.expect_closed().await;
 }
 
+/// A leader whose Lease was not renewed in time writes nothing and computes nothing (no
+/// full reconcile over and over while the API server is away); once the fence holds
+/// again, everything waiting is written.
+#[tokio::test]
+async fn sync_loop_waits_for_the_fence_without_losing_changes() {
+    let (client, mut api) = ApiServerVerifier::new();
+    let fence = Fence::new();
+    fence.grant_until(Instant::now());
+    let mut sync = SyncLoop::new(
+        client,
+        &settings(),
+        Arc::new(Metrics::new()),
+        Arc::new(Health::default()),
+        fence.clone(),
+        None,
+    );
+    for input in initial_lists() {
+        sync.handle(input);
+    }
+    sync.set_leader(true);
+    for _ in 0..3 {
+        scenario(sync.sync(), api.expect_quiet()).await;
+    }
+    fence.grant_until(Instant::now() + Duration::from_secs(60));
+    scenario(sync.sync(), async {
+        serve_full_write(&mut api).await;
+    })
+    .await;
+    drop(sync);
+    api.expect_closed().await;
+}
+
 /// Nothing is written before every watch has listed once, even by the leader.
 #[tokio::test]
 async fn sync_loop_writes_nothing_before_every_watch_listed() {

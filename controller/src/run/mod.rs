@@ -343,6 +343,9 @@ fn qualified<K: kube::Resource>(object: &K) -> String {
     }
 }
 
+/// How often a leader whose Lease was not renewed in time looks again before writing.
+const FENCE_POLL: Duration = Duration::from_millis(250);
+
 /// The task that owns the planner and the writer.
 pub struct SyncLoop {
     planner: Planner,
@@ -745,6 +748,14 @@ impl SyncLoop {
             // Only the leader writes, and only once every watch has listed: a partial
             // index would delete plans of nodes not listed yet. Nothing is taken from
             // the planner, so no change is lost.
+            return;
+        }
+        if !self.fence.holds() {
+            // The Lease was not renewed in time (an API server away, this process
+            // stopped): every write would be abandoned. Ask again shortly instead of
+            // computing them over and over (a full reconcile each time, a core's worth
+            // of CPU while the API server comes back). Nothing is taken from the planner.
+            self.retry_at = Some(Instant::now() + FENCE_POLL);
             return;
         }
         let started = std::time::Instant::now();
