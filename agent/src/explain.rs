@@ -31,6 +31,8 @@ use proxyplan_crds::{
 };
 use serde::Serialize;
 
+use crate::modes::nftables::rules::Net;
+
 /// The first packet of a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -207,26 +209,9 @@ pub struct Explanation {
     pub kernel: Option<KernelView>,
 }
 
-/// Whether `ip` is inside `cidr` (`a.b.c.d/n` or IPv6); false for malformed input.
-#[must_use]
-pub fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
-    let Some((net, len)) = cidr.split_once('/') else {
-        return false;
-    };
-    let (Ok(net), Ok(len)) = (net.parse::<IpAddr>(), len.parse::<u32>()) else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(a)) if len <= 32 => {
-            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-            u32::from(n) & mask == u32::from(a) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(a)) if len <= 128 => {
-            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
-            u128::from(n) & mask == u128::from(a) & mask
-        }
-        _ => false,
-    }
+/// Whether `ip` is inside `cidr`; false for malformed input.
+fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
+    Net::parse(cidr).is_some_and(|net| net.contains(ip))
 }
 
 fn same_ip(text: &str, ip: IpAddr) -> bool {
