@@ -331,6 +331,14 @@ struct RunArgs {
     /// endpoint churn from costing one API write per node.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     status_min_interval: Duration,
+    /// Minimum time between status writes that only move the rollout mark
+    /// (`programmedResourceVersion`: every Service plan change up to it is in the kernel,
+    /// which the controller counts into each Service plan's `Programmed` column). The
+    /// first one after a quiet time is written at once; under steady churn each node
+    /// writes once per interval: 500 writes/s at 5,000 nodes with 10s, as many as the
+    /// kubelets' Lease renewals.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    rollout_report_interval: Duration,
     /// Address of /healthz (kube-proxy's port).
     #[arg(long, value_name = "ADDRESS", default_value = "0.0.0.0:10256")]
     healthz_bind_address: SocketAddr,
@@ -340,8 +348,8 @@ struct RunArgs {
     /// Directory for what must outlive an agent restart but not a reboot (a tmpfs): the
     /// health-check node ports' last answers, served again by a restarted agent while the
     /// kernel holds its rules and it has no plan of its own applied yet (a refused plan,
-    /// an unreachable API server). Empty keeps nothing.
-    #[arg(long, value_name = "DIR", default_value = "/run/proxyplan")]
+    /// an unreachable API server). Empty (`--state-dir=`) keeps nothing.
+    #[arg(long, value_name = "DIR", default_value = "/run/proxyplan", value_parser = path_or_empty)]
     state_dir: PathBuf,
     /// The DaemonSet this agent runs in. When the agent is stopped (SIGTERM) and that
     /// DaemonSet is gone or being deleted — an uninstall — it removes everything it owns
@@ -648,6 +656,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         sync_period,
         tamper_check_interval,
         status_min_interval,
+        rollout_report_interval,
         healthz_bind_address,
         metrics_bind_address,
         state_dir,
@@ -697,6 +706,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         sync_period,
         tamper_check_interval,
         status_min_interval,
+        rollout_report_interval,
         healthz_bind_address,
         metrics_bind_address,
         state_dir: (!state_dir.as_os_str().is_empty()).then_some(state_dir.clone()),
@@ -871,6 +881,11 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
 const AGENT_ARGS_FILE: &str = "agent-args.json";
 
 /// Records this agent's arguments in the state directory (best effort).
+/// A path, where empty is a value of its own (clap's path parser refuses it).
+fn path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
+}
+
 fn record_args(state_dir: &std::path::Path) {
     if state_dir.as_os_str().is_empty() {
         return;
@@ -1268,6 +1283,22 @@ mod tests {
             bad.contains("--nodeport-addresses") && bad.contains("or primary"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn an_empty_state_dir_keeps_nothing_and_parses() {
+        let dir = |args: &[&str]| {
+            let mut argv = vec!["proxyplan-agent", "run", "--node", "n"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Run(run)) => Ok(run.state_dir),
+                Ok(_) => Err("not run".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(dir(&[]), Ok("/run/proxyplan".into()));
+        assert_eq!(dir(&["--state-dir="]), Ok("".into()));
+        assert_eq!(dir(&["--state-dir", ""]), Ok("".into()));
     }
 
     #[test]

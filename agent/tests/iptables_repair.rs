@@ -43,6 +43,7 @@ fn settings() -> Settings {
         sync_period: PERIOD,
         tamper_check_interval: Duration::ZERO,
         status_min_interval: Duration::from_secs(60),
+        rollout_report_interval: Duration::from_secs(10),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
         state_dir: None,

@@ -80,6 +80,7 @@ fn settings() -> Settings {
         sync_period: Duration::from_secs(60),
         tamper_check_interval: Duration::ZERO,
         status_min_interval: Duration::from_secs(60),
+        rollout_report_interval: Duration::from_secs(10),
         healthz_bind_address: ([127, 0, 0, 1], 0).into(),
         metrics_bind_address: ([127, 0, 0, 1], 0).into(),
         state_dir: None,
@@ -304,6 +305,7 @@ async fn no_status_patch_when_nothing_changed() {
             sync_period: Duration::from_millis(150),
             tamper_check_interval: Duration::ZERO,
             status_min_interval: Duration::from_millis(50),
+            rollout_report_interval: Duration::from_secs(10),
             ..settings()
         },
         |api| put_cluster(api, hc_port),
@@ -360,6 +362,7 @@ async fn service_change_syncs_at_once_and_writes_status_at_most_once_per_interva
     let mut agent = start(
         Settings {
             status_min_interval: Duration::from_secs(3),
+            rollout_report_interval: Duration::from_secs(10),
             ..settings()
         },
         |api| put_cluster(api, hc_port),
@@ -392,6 +395,72 @@ async fn service_change_syncs_at_once_and_writes_status_at_most_once_per_interva
         status["conditions"], first["status"]["conditions"],
         "conditions unchanged, transition times kept"
     );
+    agent.api.expect_quiet().await;
+    agent.stop().await;
+}
+
+/// The rollout mark: every Service plan change up to it is in the kernel. The first
+/// after a quiet time is reported at once, then at most once per report interval; a
+/// Service plan status write (the controller's rollout status) is no change to program
+/// and moves nothing.
+#[tokio::test]
+async fn the_rollout_mark_is_reported_at_once_after_a_quiet_time_then_rate_limited() {
+    let hc_port = free_port();
+    let mut agent = start(
+        Settings {
+            status_min_interval: Duration::from_secs(60),
+            rollout_report_interval: Duration::from_secs(1),
+            ..settings()
+        },
+        |api| put_cluster(api, hc_port),
+    )
+    .await;
+    let first = agent.first_sync().await;
+    let mark = |body: &serde_json::Value| {
+        body["status"]["programmedResourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let listed = mark(&first);
+    assert!(
+        listed > 0,
+        "the first status carries the listed mark: {first}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let version = agent
+        .api
+        .put_service(&web("web-2", &["10.244.1.10", "10.244.2.11"]));
+    agent.dataplane.next_sync().await;
+    let body = tokio::time::timeout(
+        Duration::from_millis(500),
+        agent.api.expect_status_patch(NODE),
+    )
+    .await
+    .expect("the first mark after a quiet time goes at once");
+    assert_eq!(mark(&body).to_string(), version);
+
+    // A status write on the Service plan: no sync, no new mark.
+    agent.api.put_service_status(
+        "default/web",
+        serde_json::json!({"rollout": {"revision": "web-2",
+            "nodes": 1, "programmed": 1, "progress": "1/1"}}),
+    );
+    // Two changes at once: the second mark waits out the interval, with the newest.
+    agent.api.put_service(&web("web-3", &["10.244.1.10"]));
+    agent.dataplane.next_sync().await;
+    let newest = agent
+        .api
+        .put_service(&web("web-4", &["10.244.1.10", "10.244.2.12"]));
+    agent.dataplane.next_sync().await;
+    let started = tokio::time::Instant::now();
+    let body = agent.api.expect_status_patch(NODE).await;
+    assert!(
+        started.elapsed() > Duration::from_millis(300),
+        "held for the interval"
+    );
+    assert_eq!(mark(&body).to_string(), newest);
     agent.api.expect_quiet().await;
     agent.stop().await;
 }

@@ -162,6 +162,13 @@ struct RunArgs {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// How long after a Service plan write the controller waits for every node's agent
+    /// to report it programmed before writing the rollout as slow (`Programmed` N-1/N and
+    /// the `Slowest` node in `kubectl get serviceproxyplans`). A rollout every node
+    /// reports before then costs one status write, when it completes. Longer than the
+    /// agents' `--rollout-report-interval`, so steady churn costs one write per change.
+    #[arg(long, value_parser = proxyplan_crds::runtime::parse_duration, default_value = "15s")]
+    rollout_slow_after: Duration,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
@@ -309,6 +316,7 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
         leader_election_namespace,
         leader_election_lease,
         identity,
+        rollout_slow_after,
         log,
         policy,
     } = args;
@@ -330,6 +338,7 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
         lease_namespace: leader_election_namespace,
         lease_name: leader_election_lease,
         identity,
+        rollout_slow_after,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(run::run(settings))?;

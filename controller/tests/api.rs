@@ -1115,6 +1115,7 @@ fn settings() -> Settings {
         lease_namespace: LEASE_NS.to_owned(),
         lease_name: LEASE_NAME.to_owned(),
         identity: US.to_owned(),
+        rollout_slow_after: Duration::from_secs(15),
     }
 }
 

@@ -223,10 +223,18 @@ impl Projection for crate::NodeProxyPlan {
 }
 
 /// The agent reads a Service plan's spec (and its annotations: when the EndpointSlice
-/// change behind it was triggered).
+/// change behind it was triggered); the controller also its rollout status. A status it
+/// cannot read (a newer controller's) is dropped rather than refusing the plan.
 impl Projection for crate::ServiceProxyPlan {
     fn project(object: Value) -> Value {
-        keep_fields_and_meta(object, &["spec"], &[])
+        let mut object = keep_fields_and_meta(object, &["spec", "status"], &[]);
+        let readable = object
+            .get("status")
+            .is_none_or(|status| crate::ServiceProxyPlanStatus::deserialize(status).is_ok());
+        if !readable {
+            drop_field(&mut object, &[], "status");
+        }
+        object
     }
 }
 

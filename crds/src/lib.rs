@@ -196,6 +196,15 @@ pub struct NodeProxyPlanStatus {
     /// Version of the agent that wrote this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// Every Service plan change up to this `resourceVersion` is in the kernel: the
+    /// newest Service plan event the agent had received when its last clean sync began.
+    /// Resource versions of one resource compare as integers (Kubernetes 1.35, KEP-5504),
+    /// so the controller counts the nodes whose mark has reached a Service plan's write.
+    /// Written at most once per the agent's `--rollout-report-interval` when only this
+    /// moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 20), regex(pattern = r"^[0-9]+$"))]
+    pub programmed_resource_version: Option<String>,
 }
 
 /// The final service port entries of one Service, shared by every node: what each node
@@ -208,11 +217,15 @@ pub struct NodeProxyPlanStatus {
     kind = "ServiceProxyPlan",
     namespaced,
     shortname = "spp",
+    status = "ServiceProxyPlanStatus",
     printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".spec.summary.ports"}"#,
     printcolumn = r#"{"name":"Cluster-IPs","type":"string","jsonPath":".spec.summary.clusterIPs"}"#,
     printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".spec.summary.endpoints"}"#,
     printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".spec.summary.policy"}"#,
+    printcolumn = r#"{"name":"Programmed","type":"string","jsonPath":".status.rollout.progress"}"#,
+    printcolumn = r#"{"name":"Slowest","type":"string","jsonPath":".status.rollout.slowest"}"#,
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision","priority":1}"#,
+    printcolumn = r#"{"name":"Rollout-Of","type":"string","jsonPath":".status.rollout.revision","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -228,6 +241,86 @@ pub struct ServiceProxyPlanSpec {
     /// the controller; the agent never reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<ServicePlanSummary>,
+}
+
+impl NodeProxyPlan {
+    /// The revision this plan's content really has: its `spec.revision` when the content
+    /// hashes to it, else a mark that it was edited (so it is repaired).
+    #[must_use]
+    pub fn content_revision(&self) -> String {
+        verified_revision(&self.spec, &self.spec.revision, |s| s.revision.clear())
+    }
+}
+
+impl ServiceProxyPlan {
+    /// The revision this plan's content really has (see
+    /// [`NodeProxyPlan::content_revision`]). Equal revisions mean equal entries.
+    #[must_use]
+    pub fn content_revision(&self) -> String {
+        verified_revision(&self.spec, &self.spec.revision, |s| {
+            // The summary is derived for people and left out of the hash: an API server
+            // whose CRD predates it prunes it, and that is no edit to repair.
+            s.revision.clear();
+            s.summary = None;
+        })
+    }
+}
+
+fn verified_revision<S: Serialize + Clone>(
+    spec: &S,
+    claimed: &str,
+    clear: impl Fn(&mut S),
+) -> String {
+    let mut content = spec.clone();
+    clear(&mut content);
+    if revision_of(&content) == claimed {
+        claimed.to_owned()
+    } else {
+        format!("edited:{claimed}")
+    }
+}
+
+/// Written by the controller: how far the plan's current revision has reached.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceProxyPlanStatus {
+    /// How many nodes have programmed which revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// How many nodes hold a Service plan's revision: the nodes whose agent reported
+/// (`NodeProxyPlan` `status.programmedResourceVersion`) a mark at or past the write that
+/// made it. The controller writes it when every node holds it, or when some do not after
+/// its `--rollout-slow-after`; not on every node's report.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The `spec.revision` this is about (older than the spec's while a newer one
+    /// rolls out and is not written yet).
+    #[schemars(length(max = 64))]
+    pub revision: String,
+    /// The `resourceVersion` of the write that made this revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 20), regex(pattern = r"^[0-9]+$"))]
+    pub resource_version: Option<String>,
+    /// Nodes whose agent reports what it programmed.
+    pub nodes: u32,
+    /// Of those, the nodes that hold this revision.
+    pub programmed: u32,
+    /// `programmed/nodes`, for `kubectl get`.
+    #[schemars(length(max = 24))]
+    pub progress: String,
+    /// The node furthest behind, while some node does not hold this revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub slowest: Option<String>,
+    /// When the revision was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// When the last node reported it, once every node has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// Longest [`ServicePlanSummary::ports`] (its schema allows 1,024 bytes).

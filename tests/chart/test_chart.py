@@ -144,6 +144,8 @@ class Defaults(unittest.TestCase):
                     ["nodeproxyplans", "serviceproxyplans"],
                     READ + ["create", "patch", "update", "delete"],
                 ),
+                # The rollout status: status only, patched.
+                ("proxyplan.dev", ["serviceproxyplans/status"], ["patch"]),
                 ("events.k8s.io", ["events"], ["create", "patch"]),
             ),
         )
@@ -485,6 +487,7 @@ OVERRIDES = {
         "masqueradeAll": True,
         "detectLocalMode": "NodeCIDR",
         "minSyncInterval": "2s",
+        "rolloutSlowAfter": "30s",
         "image": {"repository": "registry.example/pp-controller", "tag": "v9", "pullPolicy": "Always"},
     },
     "agent": {
@@ -493,6 +496,7 @@ OVERRIDES = {
         "nodeportAddresses": ["192.168.0.0/16", "10.0.0.0/8"],
         "syncPeriod": "1m",
         "tamperCheckInterval": "250ms",
+        "rolloutReportInterval": "20s",
         "minSyncInterval": "500ms",
         "metrics": {"bindAddress": "0.0.0.0", "port": 10250},
         "healthz": {"port": 10266},
@@ -517,6 +521,7 @@ class Overrides(unittest.TestCase):
             "--masquerade-all",
             "--detect-local-mode=NodeCIDR",
             "--min-sync-interval=2s",
+            "--rollout-slow-after=30s",
         ):
             self.assertIn(flag, args)
         self.assertEqual(c["image"], "registry.example/pp-controller:v9")
@@ -550,6 +555,7 @@ class Overrides(unittest.TestCase):
             "--nodeport-addresses=192.168.0.0/16,10.0.0.0/8",
             "--sync-period=1m",
             "--tamper-check-interval=250ms",
+            "--rollout-report-interval=20s",
             "--min-sync-interval=500ms",
             "--metrics-bind-address=0.0.0.0:10250",
             "--healthz-bind-address=0.0.0.0:10266",

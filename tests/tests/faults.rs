@@ -34,7 +34,7 @@ use proxyplan_tests::e2e::report::{Args, Counts, failures_section, result_line, 
 use harness::Faults;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "agent_restart_keeps_the_rules_and_changes_nothing",
     "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks",
     "odd_objects_never_stall_a_watch",
@@ -44,6 +44,7 @@ const SCENARIOS: [&str; 11] = [
     "a_killed_leader_is_replaced_within_the_lease_duration",
     "a_stalled_leader_writes_nothing_after_losing_the_lease",
     "refused_objects_get_warning_events",
+    "the_rollout_column_names_a_stopped_agent_as_the_slowest_node",
     "a_huge_service_is_split_and_its_neighbours_still_update",
     "cleanup",
 ];
@@ -113,6 +114,9 @@ async fn scenario(faults: &mut Faults, name: &str) -> Result<(), String> {
         "a_stalled_leader_writes_nothing_after_losing_the_lease" => faults.leader_stalled().await,
         "refused_objects_get_warning_events" => faults.warning_events().await,
         "a_huge_service_is_split_and_its_neighbours_still_update" => faults.huge_service().await,
+        "the_rollout_column_names_a_stopped_agent_as_the_slowest_node" => {
+            faults.rollout_with_a_stopped_agent().await
+        }
         "cleanup" => faults.cleanup().await,
         other => Err(format!("unknown scenario {other}")),
     }

@@ -57,6 +57,9 @@ enum Stored {
         key: CompactString,
         version: CompactString,
         revision: CompactString,
+        /// `metadata.generation`: the same under a status-only write (the controller's
+        /// rollout status), which is no change to program.
+        generation: Option<i64>,
     },
 }
 
@@ -73,6 +76,7 @@ impl Stored {
             key: object_key(object).into(),
             version: version.into(),
             revision: object.spec.revision.as_str().into(),
+            generation: object.metadata.generation,
         })
     }
 
@@ -90,6 +94,7 @@ impl Stored {
                 key,
                 version,
                 revision,
+                ..
             } => PlanRef::Held {
                 key,
                 version,
@@ -171,6 +176,9 @@ pub struct PlanCache {
     /// Service plans already validated, so a merge after one changed checks and copies
     /// only that one. It holds their entries: the stored objects drop theirs.
     merges: Merges,
+    /// The newest `resourceVersion` of a Service plan event that changed what to program
+    /// (or of a listed object), 0 before any.
+    received: u64,
 }
 
 /// The merge cache, keeping an object's entries until the object leaves the store: once
@@ -206,6 +214,24 @@ impl PlanCache {
     #[must_use]
     pub fn listed(&self) -> bool {
         self.plan_listed && self.services_listed
+    }
+
+    /// The newest `resourceVersion` of a Service plan event that changed what to program
+    /// (or of a listed object): once a sync that began after it succeeds, every Service
+    /// plan change up to it is programmed. Events that change nothing to program (the
+    /// controller's rollout status, a label) do not move it: a node whose kernel did not
+    /// change has nothing new to report.
+    #[must_use]
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    fn receive(&mut self, version: Option<&str>) {
+        // Resource versions of one resource compare as integers (KEP-5504); one that
+        // does not parse is no progress.
+        if let Some(version) = version.and_then(|v| v.parse::<u64>().ok()) {
+            self.received = self.received.max(version);
+        }
     }
 
     /// How many Service plans the agent holds.
@@ -295,6 +321,7 @@ impl PlanCache {
                 Change::default()
             }
             Event::InitApply(mut object) => {
+                self.receive(version_of(&object).as_deref());
                 // Stored and validated into the merge cache as it arrives, so that a
                 // list of thousands of Service plans is never held twice (objects and
                 // entries). Objects deleted while the watch was away leave at InitDone.
@@ -307,7 +334,7 @@ impl PlanCache {
                 self.services_relist
                     .get_or_insert_with(HashSet::new)
                     .insert(qualified(&object));
-                self.upsert(object);
+                self.upsert(object, false);
                 Change::default()
             }
             Event::InitDone => {
@@ -321,7 +348,11 @@ impl PlanCache {
                     .as_ref()
                     .ok()
                     .and_then(|o| trigger_time(&o.metadata));
-                let relevant = self.upsert(object);
+                let version = version_of(&object);
+                let relevant = self.upsert(object, true);
+                if relevant {
+                    self.receive(version.as_deref());
+                }
                 Change {
                     relevant,
                     new_object: false,
@@ -332,6 +363,9 @@ impl PlanCache {
                 let key = qualified(&object);
                 let had = self.services.remove(&key);
                 let was_undecodable = self.undecodable.remove(&key).is_some();
+                if had || was_undecodable {
+                    self.receive(version_of(&object).as_deref());
+                }
                 self.merges.0.forget(&key);
                 self.changed.insert(key);
                 Change {
@@ -342,13 +376,27 @@ impl PlanCache {
         }
     }
 
-    /// Stores one Service plan; returns whether the plan to program may differ.
-    fn upsert(&mut self, lenient: Lenient<ServiceProxyPlan>) -> bool {
+    /// Stores one Service plan; returns whether the plan to program may differ. `live`:
+    /// the event comes from the watch, not a (re-)list, so a recreated object was seen
+    /// deleted first and an unchanged generation is an unchanged spec.
+    fn upsert(&mut self, lenient: Lenient<ServiceProxyPlan>, live: bool) -> bool {
         let key = qualified(&lenient);
         match lenient.object {
             Ok(mut object) => {
                 slim(&mut object.metadata);
+                // The controller's rollout status: not read here.
+                object.status = None;
                 let was_undecodable = self.undecodable.remove(&key).is_some();
+                if !was_undecodable
+                    && live
+                    && let Some(Stored::Held { generation, .. }) = self.services.get(&key)
+                    && generation.is_some()
+                    && *generation == object.metadata.generation
+                {
+                    // A status write (the spec, under the status subresource, keeps its
+                    // generation): the held entries stay, under their own version.
+                    return false;
+                }
                 let relevant = was_undecodable
                     || match self.services.get(&key) {
                         None => true,
@@ -493,6 +541,11 @@ fn slim(meta: &mut ObjectMeta) {
         .map(|service| BTreeMap::from([(SERVICE_LABEL.to_owned(), service)]));
 }
 
+/// The `resourceVersion` of a watched object.
+fn version_of<K: kube::Resource>(object: &K) -> Option<String> {
+    object.meta().resource_version.clone()
+}
+
 /// `namespace/name` of a watched object.
 fn qualified<K: kube::Resource>(object: &K) -> String {
     format!(
@@ -616,6 +669,39 @@ mod tests {
             keys(&cache.evaluate()),
             ["demo/a:x/TCP/IPv4", "demo/a:y/TCP/IPv4"]
         );
+    }
+
+    /// The controller's rollout status moves a Service plan's resourceVersion but not its
+    /// generation: nothing to merge or program, and no step of the rollout mark (a spec
+    /// change and a delete are).
+    #[test]
+    fn a_status_write_is_received_but_not_relevant() {
+        let object = |version: &str, generation: i64, revision: &str| {
+            let mut object = service("a", version, &["x"]).object.unwrap();
+            object.metadata.generation = Some(generation);
+            object.spec.revision = revision.to_owned();
+            lenient(object)
+        };
+        let with_generation = |version: &str, generation: i64| object(version, generation, version);
+        let mut cache = PlanCache::default();
+        listed(&mut cache, plan("r1"), vec![with_generation("10", 1)]);
+        assert_eq!(cache.received(), 10);
+        assert!(matches!(cache.evaluate(), PlanOutcome::Merged(_)));
+        let status_only = object("12", 1, "10");
+        let change = cache.service_event(Event::Apply(status_only));
+        assert!(!change.relevant, "a status write is no change to program");
+        assert_eq!(cache.received(), 10, "nor a step of the rollout mark");
+        assert!(
+            cache.merges.0.holds("demo/a", "10"),
+            "the held entries stay, under their own version"
+        );
+        // A spec change (a new generation) is.
+        let change = cache.service_event(Event::Apply(with_generation("14", 2)));
+        assert!(change.relevant);
+        assert_eq!(cache.received(), 14);
+        // A delete moves the mark too.
+        cache.service_event(Event::Delete(with_generation("17", 2)));
+        assert_eq!(cache.received(), 17);
     }
 
     fn keys(outcome: &PlanOutcome) -> Vec<String> {

@@ -91,6 +91,8 @@ pub struct Settings {
     /// Minimum time between status writes that only change `appliedShards`, counts or
     /// the sync duration.
     pub status_min_interval: Duration,
+    /// Minimum time between status writes that only move the rollout mark.
+    pub rollout_report_interval: Duration,
     /// `/healthz` address.
     pub healthz_bind_address: SocketAddr,
     /// `/metrics` address.

@@ -294,9 +294,11 @@ impl DocumentFields {
                 spec,
                 status: status.finish(serde_yaml::from_value)?.flatten(),
             })),
-            Spec::Service(spec) => {
-                PlanDocument::Service(Box::new(ServiceProxyPlan { metadata, spec }))
-            }
+            Spec::Service(spec) => PlanDocument::Service(Box::new(ServiceProxyPlan {
+                metadata,
+                spec,
+                status: None,
+            })),
         })
     }
 }

@@ -149,6 +149,8 @@ pub struct Observation<'a> {
     pub mode: &'a str,
     /// Duration of the last sync.
     pub sync_duration: Option<Duration>,
+    /// Every Service plan change up to this `resourceVersion` is in the kernel.
+    pub programmed_through: Option<u64>,
 }
 
 /// The status for `observation`. Conditions keep their `lastTransitionTime` from
@@ -190,6 +192,7 @@ pub fn build_status(
             .sync_duration
             .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
         agent_version: Some(AGENT_VERSION.to_owned()),
+        programmed_resource_version: observation.programmed_through.map(|v| v.to_string()),
     }
 }
 
@@ -284,6 +287,9 @@ pub enum StatusChange {
     Unchanged,
     /// Only the counts changed: written at most once per interval.
     Minor,
+    /// The rollout mark moved (the counts may have too): written at most once per the
+    /// shorter rollout report interval.
+    Progress,
     /// A condition, the applied revision, the mode or the agent version changed (or
     /// nothing was written yet): written at once.
     Major,
@@ -324,6 +330,8 @@ pub fn classify(
         || written.agent_version != desired.agent_version
     {
         StatusChange::Major
+    } else if written.programmed_resource_version != desired.programmed_resource_version {
+        StatusChange::Progress
     } else if written.service_ports != desired.service_ports
         || written.endpoints != desired.endpoints
     {
@@ -337,17 +345,21 @@ pub fn classify(
 #[derive(Debug, Clone)]
 pub struct StatusGate {
     min_interval: Duration,
+    progress_interval: Duration,
     written: Option<NodeProxyPlanStatus>,
     last_write: Option<Instant>,
     held: Option<NodeProxyPlanStatus>,
 }
 
 impl StatusGate {
-    /// A gate holding minor changes for `min_interval` after each write.
+    /// A gate holding minor changes for `min_interval` after each write, and rollout
+    /// progress for `progress_interval` (the first progress after a quiet time goes at
+    /// once).
     #[must_use]
-    pub fn new(min_interval: Duration) -> Self {
+    pub fn new(min_interval: Duration, progress_interval: Duration) -> Self {
         Self {
             min_interval,
+            progress_interval,
             written: None,
             last_write: None,
             held: None,
@@ -380,8 +392,9 @@ impl StatusGate {
                 None
             }
             StatusChange::Major => Some(self.record(desired, now)),
-            StatusChange::Minor => {
-                if self.last_write.is_none_or(|t| now >= t + self.min_interval) {
+            change @ (StatusChange::Minor | StatusChange::Progress) => {
+                let interval = self.interval(change);
+                if self.last_write.is_none_or(|t| now >= t + interval) {
                     Some(self.record(desired, now))
                 } else {
                     self.held = Some(desired);
@@ -391,12 +404,20 @@ impl StatusGate {
         }
     }
 
+    fn interval(&self, change: StatusChange) -> Duration {
+        if change == StatusChange::Progress {
+            self.progress_interval.min(self.min_interval)
+        } else {
+            self.min_interval
+        }
+    }
+
     /// When the held status may be written, if one is held.
     #[must_use]
     pub fn due(&self) -> Option<Instant> {
-        self.held.as_ref().map(|_| {
-            self.last_write
-                .map_or_else(Instant::now, |t| t + self.min_interval)
+        self.held.as_ref().map(|held| {
+            let interval = self.interval(classify(self.written.as_ref(), held));
+            self.last_write.map_or_else(Instant::now, |t| t + interval)
         })
     }
 
@@ -534,6 +555,7 @@ mod tests {
             failure,
             mode: "iptables",
             sync_duration: Some(Duration::from_millis(12)),
+            programmed_through: None,
         }
     }
 
@@ -764,7 +786,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn gate_writes_major_changes_at_once_and_holds_minor_ones() {
         let interval = Duration::from_secs(60);
-        let mut gate = StatusGate::new(interval);
+        let mut gate = StatusGate::new(interval, interval);
         let t0 = Instant::now();
         let first = status_with("r1", 1);
         assert_eq!(gate.offer(first.clone(), t0), Some(first.clone()));
@@ -797,8 +819,40 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn gate_reports_rollout_progress_at_once_then_once_per_report_interval() {
+        let mut gate = StatusGate::new(Duration::from_secs(60), Duration::from_secs(10));
+        let at = |through: u64, endpoints: u32| {
+            let mut status = status_with("r1", endpoints);
+            status.programmed_resource_version = Some(through.to_string());
+            status
+        };
+        let t0 = Instant::now();
+        assert!(gate.offer(at(100, 1), t0).is_some());
+        // The first mark after a quiet time goes at once...
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(gate.offer(at(105, 1), Instant::now()), Some(at(105, 1)));
+        // ...then one per interval under churn, the newest mark and counts together.
+        let t1 = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(gate.offer(at(110, 2), Instant::now()), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(gate.offer(at(120, 3), Instant::now()), None);
+        assert_eq!(gate.due(), Some(t1 + Duration::from_secs(10)));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(gate.release(Instant::now()), Some(at(120, 3)));
+        // A count change alone still waits for the long interval.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(gate.offer(at(120, 4), Instant::now()), None);
+        assert_eq!(gate.due(), Some(t1 + Duration::from_secs(70)));
+        assert_eq!(
+            classify(Some(&at(120, 3)), &at(121, 3)),
+            StatusChange::Progress
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn gate_drops_a_held_change_that_was_undone_and_rebases_on_a_new_object() {
-        let mut gate = StatusGate::new(Duration::from_secs(60));
+        let mut gate = StatusGate::new(Duration::from_secs(60), Duration::from_secs(60));
         let first = status_with("r1", 1);
         assert!(gate.offer(first.clone(), Instant::now()).is_some());
         assert_eq!(gate.offer(status_with("r1", 2), Instant::now()), None);

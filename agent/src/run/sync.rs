@@ -65,6 +65,9 @@ pub struct SyncLoop {
     tamper_due: Instant,
     /// The record last written (or read at start).
     recorded: Option<HealthCheckRecord>,
+    /// Every Service plan change up to this `resourceVersion` is in the kernel (the
+    /// rollout mark reported in the status).
+    programmed_through: Option<u64>,
 }
 
 impl SyncLoop {
@@ -100,7 +103,10 @@ impl SyncLoop {
             seen_triggers: HashMap::new(),
             started: SystemTime::now(),
             families: vec!["IPv4"],
-            gate: StatusGate::new(settings.status_min_interval),
+            gate: StatusGate::new(
+                settings.status_min_interval,
+                settings.rollout_report_interval,
+            ),
             status,
             healthchecks: HealthCheckServers::new(
                 settings.nodeport_addresses.clone(),
@@ -116,6 +122,7 @@ impl SyncLoop {
                 && !settings.tamper_check_interval.is_zero())
             .then_some(settings.tamper_check_interval),
             tamper_due: Instant::now(),
+            programmed_through: None,
         })
     }
 
@@ -252,6 +259,7 @@ impl SyncLoop {
         // What waited is now being synced (kube-proxy's checkout).
         self.metrics.endpoint_changes_pending.set(0);
         self.metrics.service_changes_pending.set(0);
+        let through = self.cache.received();
         let listed = self.cache.listed();
         if listed {
             let started = std::time::Instant::now();
@@ -287,10 +295,24 @@ impl SyncLoop {
             }
             None => self.health.settled(),
         }
+        if listed && self.clean() {
+            self.programmed_through = Some(self.programmed_through.unwrap_or(0).max(through));
+        }
         if listed {
             self.refresh_status();
         }
         Ok(())
+    }
+
+    /// Whether the kernel holds exactly what the watches showed at the last sync: the
+    /// merged plan, with no Service plan refused, and no failure since.
+    fn clean(&self) -> bool {
+        match (&self.outcome, &self.applied) {
+            (PlanOutcome::Merged(plan), Some(applied)) => {
+                plan.refused.is_empty() && self.failure.is_none() && applied.is(plan)
+            }
+            _ => false,
+        }
     }
 
     fn note_outcome(&mut self) {
@@ -546,6 +568,7 @@ impl SyncLoop {
             failure: self.failure.as_ref(),
             mode: self.mode.as_str(),
             sync_duration: self.last_duration,
+            programmed_through: self.programmed_through,
         };
         let desired = build_status(&observation, self.gate.written(), Timestamp::now());
         if let Some(status) = self.gate.offer(desired, Instant::now()) {

@@ -321,10 +321,27 @@ impl MockApi {
         self.store().put(Kind::Plan, object);
     }
 
-    /// Creates or updates a Service plan.
-    pub fn put_service(&self, service: &ServiceProxyPlan) {
-        self.store()
+    /// Creates or updates a Service plan; returns its new `resourceVersion`.
+    pub fn put_service(&self, service: &ServiceProxyPlan) -> String {
+        let stored = self
+            .store()
             .put(Kind::Service, serde_json::to_value(service).unwrap());
+        stored["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Writes a Service plan's status only (as the controller's rollout status does):
+    /// a new `resourceVersion`, the same generation.
+    pub fn put_service_status(&self, key: &str, status: Value) -> String {
+        let mut object = self.store().services[key].clone();
+        object["status"] = status;
+        let stored = self.store().put(Kind::Service, object);
+        stored["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     /// Stores a Service plan as raw JSON (for objects the agent cannot decode).

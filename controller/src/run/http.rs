@@ -54,6 +54,14 @@ pub struct Metrics {
     pub is_leader: Gauge,
     /// Tasks alive in the async runtime, read when scraped (a leak shows here first).
     pub tokio_tasks: Gauge,
+    /// From a Service plan write to every reporting node's mark past it.
+    pub rollout_seconds: Histogram,
+    /// Service plans whose current revision some reporting node lacks.
+    pub rollouts_incomplete: Gauge,
+    /// Nodes whose agent reports a rollout mark.
+    pub nodes_reporting: Gauge,
+    /// Rollout statuses written to Service plans.
+    pub rollout_status_writes: Counter,
 }
 
 impl Metrics {
@@ -71,6 +79,10 @@ impl Metrics {
             largest_object_bytes: Gauge::default(),
             is_leader: Gauge::default(),
             tokio_tasks: Gauge::default(),
+            rollout_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
+            rollouts_incomplete: Gauge::default(),
+            nodes_reporting: Gauge::default(),
+            rollout_status_writes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("events", "Watch events received", metrics.events.clone());
@@ -113,6 +125,27 @@ impl Metrics {
             "tokio_tasks",
             "Tasks alive in the controller's async runtime, read when scraped",
             metrics.tokio_tasks.clone(),
+        );
+        registry.register(
+            "rollout_duration_seconds",
+            "From a Service plan write to every reporting node's agent reporting it \
+             programmed (its report interval included)",
+            metrics.rollout_seconds.clone(),
+        );
+        registry.register(
+            "rollouts_incomplete",
+            "Service plans whose current revision some reporting node has not programmed",
+            metrics.rollouts_incomplete.clone(),
+        );
+        registry.register(
+            "nodes_reporting",
+            "Nodes whose agent reports what it programmed",
+            metrics.nodes_reporting.clone(),
+        );
+        registry.register(
+            "rollout_status_writes",
+            "Rollout statuses written to Service plans",
+            metrics.rollout_status_writes.clone(),
         );
         Self {
             registry,

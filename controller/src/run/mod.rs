@@ -8,6 +8,7 @@
 pub mod events;
 pub mod http;
 pub mod lease;
+pub mod rollout;
 pub mod writer;
 
 use std::collections::BTreeSet;
@@ -37,6 +38,7 @@ use events::{Notice, Notices};
 use http::{Health, KindLabels, Metrics, WriteLabels};
 pub use lease::{Fence, LEASE_DURATION, LEASE_RETRY, RENEW_DEADLINE};
 use lease::{Leadership, LeaseElector};
+use rollout::Rollouts;
 use writer::{Kind, PlanWriter, target_of};
 
 /// First wait before retrying failed writes.
@@ -63,6 +65,8 @@ pub struct Settings {
     pub lease_name: String,
     /// This replica's identity.
     pub identity: String,
+    /// How long after its write a rollout some node still lacks is written as slow.
+    pub rollout_slow_after: Duration,
 }
 
 /// Why the controller stopped.
@@ -329,6 +333,17 @@ fn observed_plan(plan: &Lenient<NodeProxyPlan>) -> String {
     }
 }
 
+/// The rollout mark a node plan's agent reports.
+fn programmed_mark(plan: &Lenient<NodeProxyPlan>) -> Option<&str> {
+    plan.object
+        .as_ref()
+        .ok()?
+        .status
+        .as_ref()?
+        .programmed_resource_version
+        .as_deref()
+}
+
 fn observed_service_plan(plan: &Lenient<ServiceProxyPlan>) -> String {
     match &plan.object {
         Ok(p) => writer::content_revision_of_service_plan(p),
@@ -363,6 +378,7 @@ pub struct SyncLoop {
     last_sync: Option<Instant>,
     retry_at: Option<Instant>,
     retry: Backoff,
+    rollouts: Rollouts,
 }
 
 impl SyncLoop {
@@ -393,6 +409,7 @@ impl SyncLoop {
             last_sync: None,
             retry_at: None,
             retry: Backoff::new(RETRY_INITIAL, RETRY_MAX),
+            rollouts: Rollouts::new(settings.rollout_slow_after),
         }
     }
 
@@ -408,6 +425,9 @@ impl SyncLoop {
         loop {
             self.health.tick();
             let due = self.next_sync_at();
+            let rollout_due = (self.leader && self.synced())
+                .then(|| self.rollouts.due(Instant::now()))
+                .flatten();
             tokio::select! {
                 biased;
                 changed = leader.changed() => {
@@ -422,6 +442,9 @@ impl SyncLoop {
                     None => return,
                 },
                 () = sleep_until(due), if due.is_some() => self.sync().await,
+                () = sleep_until(rollout_due), if rollout_due.is_some() => {
+                    self.write_rollouts().await;
+                }
                 _ = ticker.tick() => {}
             }
         }
@@ -571,16 +594,22 @@ impl SyncLoop {
             Input::Plan(event) => match relist(&mut self.relists.plans, event) {
                 Relist::Event(Event::Apply(plan)) => {
                     self.observed(Kind::Plan, &plan.name_any(), Some(&observed_plan(&plan)));
+                    self.rollouts
+                        .node_mark(&plan.name_any(), programmed_mark(&plan));
                 }
                 Relist::Event(Event::Delete(plan)) => {
                     self.observed(Kind::Plan, &plan.name_any(), None);
+                    self.rollouts.node_mark(&plan.name_any(), None);
                 }
                 Relist::Done(all) => {
                     self.writer.forget(Kind::Plan);
+                    self.rollouts.forget_marks();
                     for plan in &all {
                         let revision = observed_plan(plan);
                         self.writer
                             .observe(Kind::Plan, &plan.name_any(), Some(&revision));
+                        self.rollouts
+                            .node_mark(&plan.name_any(), programmed_mark(plan));
                     }
                     self.full_reconcile = true;
                     self.listed("NodeProxyPlan");
@@ -591,16 +620,22 @@ impl SyncLoop {
                 Relist::Event(Event::Apply(plan)) => {
                     let revision = observed_service_plan(&plan);
                     self.observed(Kind::Service, &qualified(&plan), Some(&revision));
+                    self.observed_rollout(&plan, &revision);
                 }
                 Relist::Event(Event::Delete(plan)) => {
                     self.observed(Kind::Service, &qualified(&plan), None);
+                    self.rollouts.forget(&qualified(&plan));
                 }
                 Relist::Done(all) => {
                     self.writer.forget(Kind::Service);
+                    let listed: std::collections::HashSet<String> =
+                        all.iter().map(qualified).collect();
+                    self.rollouts.retain(&listed);
                     for plan in &all {
                         let revision = observed_service_plan(plan);
                         self.writer
                             .observe(Kind::Service, &qualified(plan), Some(&revision));
+                        self.observed_rollout(plan, &revision);
                     }
                     self.full_reconcile = true;
                     self.listed("ServiceProxyPlan");
@@ -609,6 +644,66 @@ impl SyncLoop {
             },
             Input::WatchError(..) => {}
         }
+    }
+
+    fn observed_rollout(&mut self, plan: &Lenient<ServiceProxyPlan>, revision: &str) {
+        let status = plan
+            .object
+            .as_ref()
+            .ok()
+            .and_then(|p| p.status.as_ref())
+            .and_then(|s| s.rollout.as_ref());
+        self.rollouts.observed(
+            &qualified(plan),
+            revision,
+            kube::Resource::meta(plan).resource_version.as_deref(),
+            status,
+        );
+    }
+
+    /// Writes the rollout statuses that are due (as leader).
+    async fn write_rollouts(&mut self) {
+        let now = Instant::now();
+        let (updates, completed) = self.rollouts.updates(now);
+        for done in completed {
+            self.metrics.rollout_seconds.observe(done.seconds);
+        }
+        let writer = &self.writer;
+        let fence = &self.fence;
+        let results: Vec<_> = futures::stream::iter(updates.into_iter().map(|update| async move {
+            let result = writer
+                .write_rollout(&update.plan, &update.status, fence)
+                .await;
+            (update, result)
+        }))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+        let now = Instant::now();
+        for (update, result) in results {
+            match result {
+                Ok(()) => {
+                    self.metrics.rollout_status_writes.inc();
+                    self.rollouts.written(&update, now);
+                }
+                Err(writer::WriteFailure::Api(kube::Error::Api(status))) if status.code == 404 => {
+                    // Deleted meanwhile, or a CRD without the status subresource (older
+                    // than this controller): nothing to retry soon.
+                    debug!(plan = %update.plan, "rollout status not written: {}", status.message);
+                    self.rollouts.failed(&update, now);
+                }
+                Err(err) => {
+                    debug!(plan = %update.plan, %err, "rollout status not written; retrying later");
+                    self.rollouts.failed(&update, now);
+                }
+            }
+        }
+        self.metrics
+            .rollouts_incomplete
+            .set(i64::try_from(self.rollouts.incomplete()).unwrap_or(i64::MAX));
+        self.metrics
+            .nodes_reporting
+            .set(i64::try_from(self.rollouts.nodes()).unwrap_or(i64::MAX));
     }
 
     fn apply_service(&mut self, svc: &Lenient<Service>) {
@@ -819,6 +914,10 @@ impl SyncLoop {
             self.metrics
                 .largest_object_bytes
                 .set(i64::try_from(report.largest_object).unwrap_or(i64::MAX));
+        }
+        let now = Instant::now();
+        for (plan, revision, version) in &report.service_versions {
+            self.rollouts.wrote(plan, revision, version, now);
         }
         for err in &report.errors {
             self.metrics

@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use futures::{StreamExt, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use proxyplan_crds::{NodeProxyPlan, ServiceProxyPlan, revision_of};
+use proxyplan_crds::{NodeProxyPlan, RolloutStatus, ServiceProxyPlan};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -92,6 +92,9 @@ pub struct WriteReport {
     pub errors: Vec<WriteError>,
     /// Writes not made because the Lease may be lost (made again once leading).
     pub abandoned: Vec<(Kind, String)>,
+    /// Service plans written: `namespace/name`, revision, and the `resourceVersion` the
+    /// server answered with (the write every node's rollout mark must reach).
+    pub service_versions: Vec<(String, String, String)>,
 }
 
 /// Writes plans, remembering which revision the server holds of each.
@@ -192,8 +195,13 @@ impl PlanWriter {
                 .await;
             for result in results {
                 match result {
-                    Ok((kind, name, revision, size)) => {
+                    Ok((kind, name, revision, size, version)) => {
                         report.largest_object = report.largest_object.max(size);
+                        if let (Kind::Service, Some(version)) = (kind, version) {
+                            report
+                                .service_versions
+                                .push((name.clone(), revision.clone(), version));
+                        }
                         self.observed.insert((kind, name.clone()), revision.clone());
                         self.confirmed.insert((kind, name.clone()), revision);
                         report.applied.push((kind, name));
@@ -255,7 +263,7 @@ impl PlanWriter {
         &self,
         object: DesiredObject,
         fence: &Fence,
-    ) -> Result<(Kind, String, String, usize), ((Kind, String), WriteFailure)> {
+    ) -> Result<(Kind, String, String, usize, Option<String>), ((Kind, String), WriteFailure)> {
         let kind = kind_of(&object);
         let name = object.qualified_name();
         let revision = object.revision().to_owned();
@@ -277,7 +285,7 @@ impl PlanWriter {
             ),
         };
         match result {
-            Ok(()) => Ok((kind, name, revision, size)),
+            Ok(version) => Ok((kind, name, revision, size, version)),
             Err(err) => Err(((kind, name), err)),
         }
     }
@@ -312,19 +320,50 @@ impl PlanWriter {
     fn services(&self, namespace: &str) -> Api<ServiceProxyPlan> {
         Api::namespaced(self.client.clone(), namespace)
     }
+
+    /// Writes one Service plan's rollout status (`status` subresource, server-side apply
+    /// of that field alone), while `fence` holds.
+    ///
+    /// # Errors
+    /// When the API server refuses or does not answer, or the Lease may be lost.
+    pub async fn write_rollout(
+        &self,
+        plan: &str,
+        rollout: &RolloutStatus,
+        fence: &Fence,
+    ) -> Result<(), WriteFailure> {
+        if !fence.holds() {
+            return Err(WriteFailure::NotLeader);
+        }
+        let (namespace, name) = plan.split_once('/').unwrap_or(("", plan));
+        let patch = serde_json::json!({
+            "apiVersion": format!("{}/{}", proxyplan_crds::GROUP, proxyplan_crds::VERSION),
+            "kind": "ServiceProxyPlan",
+            "status": {"rollout": rollout},
+        });
+        self.services(namespace)
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(patch),
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 /// Writes `desired` so that the server holds exactly it, owned by this manager's apply
 /// alone: a server-side apply, and when the answer's content (`content`, which must give
 /// `revision`) differs or another manager owns part of it, a put of the whole object that
 /// keeps only this manager's apply entry and status writers' entries in `managedFields`.
+/// Returns the `resourceVersion` the server answered with.
 async fn write_exact<K>(
     api: &Api<K>,
     desired: &K,
     revision: &str,
     content: fn(&K) -> String,
     fence: &Fence,
-) -> Result<(), WriteFailure>
+) -> Result<Option<String>, WriteFailure>
 where
     K: kube::Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -345,7 +384,7 @@ where
         let kept: Vec<ManagedFieldsEntry> =
             entries.iter().filter(|e| kept_entry(e)).cloned().collect();
         if content(&answer) == revision && kept.len() == entries.len() {
-            return Ok(());
+            return Ok(answer.meta().resource_version.clone());
         }
         if !fence.holds() {
             return Err(WriteFailure::NotLeader);
@@ -355,7 +394,7 @@ where
         whole.meta_mut().uid = answer.meta().uid.clone();
         whole.meta_mut().managed_fields = Some(kept);
         match api.replace(&name, &put, &whole).await {
-            Ok(_) => return Ok(()),
+            Ok(answer) => return Ok(answer.meta().resource_version.clone()),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < WHOLE_ATTEMPTS => {}
             Err(err) => return Err(err.into()),
         }
@@ -375,32 +414,13 @@ fn kept_entry(entry: &ManagedFieldsEntry) -> bool {
 /// hashes to it, else a mark that it was edited (so it is repaired).
 #[must_use]
 pub fn content_revision_of_plan(plan: &NodeProxyPlan) -> String {
-    effective_revision(&plan.spec, &plan.spec.revision, |s| s.revision.clear())
+    plan.content_revision()
 }
 
 /// The revision a Service plan's content really has (see [`content_revision_of_plan`]).
 #[must_use]
 pub fn content_revision_of_service_plan(plan: &ServiceProxyPlan) -> String {
-    effective_revision(&plan.spec, &plan.spec.revision, |s| {
-        // The summary is derived for people and left out of the hash: an API server
-        // whose CRD predates it prunes it, and that is no edit to repair.
-        s.revision.clear();
-        s.summary = None;
-    })
-}
-
-fn effective_revision<S: Serialize + Clone>(
-    spec: &S,
-    claimed: &str,
-    clear: impl Fn(&mut S),
-) -> String {
-    let mut content = spec.clone();
-    clear(&mut content);
-    if revision_of(&content) == claimed {
-        claimed.to_owned()
-    } else {
-        format!("edited:{claimed}")
-    }
+    plan.content_revision()
 }
 
 /// The kind of a desired object.

@@ -268,6 +268,7 @@ impl Faults {
             .args(["--leader-election-lease", "proxyplan-faults"])
             .args(["--identity", &identity])
             .args(["--cluster-cidr", CLUSTER_CIDR])
+            .args(["--rollout-slow-after", "2s"])
             .args(["--log", "info"]);
         let log = self.workdir.join(format!("controller-{name}.log"));
         let process = Spawned::start(&format!("controller {name}"), &mut command, log, false)?;
@@ -355,6 +356,7 @@ impl Faults {
             .args(["--min-sync-interval", "100ms"])
             .args(["--sync-period", "10s"])
             .args(["--status-min-interval", "1s"])
+            .args(["--rollout-report-interval", "1s"])
             .args([
                 "--healthz-bind-address",
                 &format!("127.0.0.1:{}", agent.healthz_port),
@@ -366,6 +368,59 @@ impl Faults {
         let process = Spawned::start("agent", &mut command, self.workdir.join("agent.log"), false)?;
         agent.process = Some(process);
         Ok(())
+    }
+
+    /// Starts another agent, of node `node`, in a network namespace of its own (the
+    /// first agent must be started: its API socket is shared).
+    pub async fn start_extra_agent(&self, node: &str, suffix: &str) -> Result<Agent, String> {
+        let first = self
+            .agent
+            .as_ref()
+            .ok_or("the first agent is not started")?;
+        let local: SocketAddr = AGENT_API_ADDRESS
+            .parse()
+            .map_err(|e| format!("{AGENT_API_ADDRESS}: {e}"))?;
+        let netns = format!("pp-faults-{}-{suffix}", self.run_id);
+        procs::run("ip", &["netns", "add", &netns])?;
+        procs::run(
+            "ip",
+            &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"],
+        )?;
+        let forwarder = procs::start_forwarder(
+            &netns,
+            local,
+            &self.workdir.join("api.sock"),
+            self.workdir.join(format!("forwarder-{suffix}.log")),
+        )
+        .await?;
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &netns])
+            .arg(&self.bins.agent)
+            .args(["run", "--node", node])
+            .arg("--kubeconfig")
+            .arg(&first.kubeconfig)
+            .args(["--mode", "iptables"])
+            .args(["--min-sync-interval", "100ms"])
+            .args(["--status-min-interval", "1s"])
+            .args(["--rollout-report-interval", "1s"])
+            .args(["--healthz-bind-address", "127.0.0.1:10256"])
+            .args(["--metrics-bind-address", "127.0.0.1:10249"])
+            .arg("--state-dir=")
+            .args(["--log", "info"]);
+        let process = Spawned::start(
+            &format!("agent {suffix}"),
+            &mut command,
+            self.workdir.join(format!("agent-{suffix}.log")),
+            false,
+        )?;
+        Ok(Agent {
+            netns,
+            forwarder,
+            process: Some(process),
+            kubeconfig: first.kubeconfig.clone(),
+            healthz_port: 10256,
+        })
     }
 
     /// The agent's namespace.

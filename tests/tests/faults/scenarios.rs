@@ -1,6 +1,7 @@
 //! The fault scenarios: each does to the cluster what real clusters do, checks that
 //! proxyplan keeps serving, and records what it measured.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -13,6 +14,9 @@ use serde_json::json;
 use crate::cluster::{WAIT, wait_for};
 use crate::harness::{Faults, MANAGER, NODE, slice_object};
 use crate::procs;
+
+/// The second node of the rollout scenario.
+const NODE_B: &str = "pp-faults-node-b";
 
 /// How long the API server stays away.
 const OUTAGE: Duration = Duration::from_secs(20);
@@ -785,19 +789,29 @@ impl Faults {
             .get("web")
             .await
             .map_err(|e| e.to_string())?;
-        let version = web.metadata.resource_version.clone();
+        // The spec only: the new leader's rollout status moves the resourceVersion.
+        let version = (web.metadata.generation, web.spec.revision.clone());
         let slow = self.controllers.first().ok_or("no slow replica")?;
         signal(&slow.process, "-CONT")?;
         let resumed = Instant::now();
         let mut flaps = 0;
+        let mut writers = String::new();
         while resumed.elapsed() < Duration::from_secs(8) {
             let now = self
                 .service_plans()
                 .get("web")
                 .await
                 .map_err(|e| e.to_string())?;
-            if now.metadata.resource_version != version {
+            if (now.metadata.generation, now.spec.revision.clone()) != version {
                 flaps += 1;
+                writers = format!(
+                    "{:?} {:?}",
+                    now.metadata.managed_fields.as_ref().map(|m| m
+                        .iter()
+                        .map(|e| (&e.manager, &e.operation, &e.subresource, &e.time))
+                        .collect::<Vec<_>>()),
+                    now.status
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -827,7 +841,7 @@ impl Faults {
         if stalled_writes > 0.0 || flaps > 0 {
             return Err(format!(
                 "the stalled leader wrote after losing the Lease ({stalled_writes} writes, \
-                 {flaps} changes of the Service plan)"
+                 {flaps} changes of the Service plan; last: {writers})"
             ));
         }
         Ok(())
@@ -1057,6 +1071,186 @@ impl Faults {
     }
 
     /// Deleting a Service deletes its plan; deleting the Node deletes the node's plan.
+    /// A second node with its own agent; that agent stopped (SIGSTOP, as a hung process
+    /// or a node cut off would be): the next change of `web` shows `1/2` programmed with
+    /// that node as the slowest in the columns `kubectl get serviceproxyplans` prints,
+    /// and `2/2` once it runs again. The rollout status costs a few Service plan writes
+    /// per change, not one per node report.
+    pub async fn rollout_with_a_stopped_agent(&mut self) -> Result<(), String> {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE_B, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "spec": {"podCIDR": "10.250.2.0/24", "podCIDRs": ["10.250.2.0/24"],
+                     "taints": [{"key": "proxyplan.dev/e2e-fake-node", "effect": "NoSchedule"}]}
+        }))
+        .map_err(|e| e.to_string())?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .map_err(|e| format!("creating Node {NODE_B}: {e}"))?;
+        let mut agent = self.start_extra_agent(NODE_B, "b").await?;
+        let pid = agent.process.as_ref().map(|p| p.child.id().to_string());
+        let result = self.rollout_checks(pid.as_deref().unwrap_or("0")).await;
+        if let Some(process) = agent.process.as_mut() {
+            let _ = procs::run("kill", &["-CONT", &process.child.id().to_string()]);
+            if result.is_err() {
+                println!("faults: agent b's log:\n{}", process.log_tail(20));
+            }
+            process.stop().await;
+        }
+        agent.forwarder.stop().await;
+        let _ = procs::delete_netns(&agent.netns);
+        nodes
+            .delete(NODE_B, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting Node {NODE_B}: {e}"))?;
+        result
+    }
+
+    async fn rollout_checks(&mut self, pid_b: &str) -> Result<(), String> {
+        let writes = async |faults: &Self| {
+            let mut total = 0.0;
+            for i in 0..faults.controllers.len() {
+                total += faults
+                    .controller_metric(i, "proxyplan_controller_rollout_status_writes_total")
+                    .await
+                    .unwrap_or(0.0);
+            }
+            total
+        };
+        let before = writes(self).await;
+        // Both agents report: a change reaches both.
+        self.add_web_endpoint().await?;
+        let started = Instant::now();
+        self.wait_rollout("2/2", None).await?;
+        let both = started.elapsed();
+
+        procs::run("kill", &["-STOP", pid_b])?;
+        let target = self.add_web_endpoint().await?;
+        let started = Instant::now();
+        self.time_until_kernel_has(&target, WAIT).await?;
+        let first_node = started.elapsed();
+        self.wait_rollout("1/2", Some(NODE_B)).await?;
+        let named = started.elapsed();
+        // What `kubectl get serviceproxyplans` prints: the server's table of the CRD's
+        // printer columns.
+        let table = self.table_row("web").await?;
+        let cell = |column: &str| table.get(column).cloned().unwrap_or_default();
+        if cell("Programmed") != "1/2" || cell("Slowest") != NODE_B {
+            return Err(format!(
+                "kubectl get serviceproxyplans web shows {table:?}, not 1/2 with {NODE_B} slowest"
+            ));
+        }
+        let mut open = 0.0;
+        for i in 0..self.controllers.len() {
+            open += self
+                .controller_metric(i, "proxyplan_controller_rollouts_incomplete")
+                .await
+                .unwrap_or(0.0);
+        }
+        if open < 1.0 {
+            return Err(
+                "proxyplan_controller_rollouts_incomplete is 0 with an agent stopped".into(),
+            );
+        }
+
+        procs::run("kill", &["-CONT", pid_b])?;
+        let resumed = Instant::now();
+        self.wait_rollout("2/2", None).await?;
+        let back = resumed.elapsed();
+        let written = writes(self).await - before;
+        if written > 6.0 {
+            return Err(format!(
+                "{written} rollout status writes for 2 changes of one Service: not O(1) per change"
+            ));
+        }
+        println!(
+            "faults: rollout: 2/2 {both:.2?} after a change; agent b stopped: first node \
+             {first_node:.2?}, 1/2 with {NODE_B} slowest {named:.2?}; 2/2 {back:.2?} after \
+             SIGCONT; {written} status writes"
+        );
+        self.report.add(
+            "one of 2 agents stopped (SIGSTOP), then a change",
+            &format!("kubectl get spp: 1/2, Slowest {NODE_B}; 2/2 after SIGCONT"),
+            &format!(
+                "1/2 shown {} after the change (--rollout-slow-after 2s); 2/2 {} after \
+                 SIGCONT; {written} status writes for 2 changes",
+                secs(named),
+                secs(back)
+            ),
+        );
+        Ok(())
+    }
+
+    /// Waits until `web`'s Service plan shows a rollout of its current revision at
+    /// `progress` with `slowest`.
+    async fn wait_rollout(&self, progress: &str, slowest: Option<&str>) -> Result<(), String> {
+        let plans = self.service_plans();
+        wait_for(
+            &format!("web's rollout at {progress} (slowest {slowest:?})"),
+            WAIT,
+            async || {
+                let plan = plans
+                    .get("web")
+                    .await
+                    .map_err(|e| format!("reading web's plan: {e}"))?;
+                let rollout = plan.status.as_ref().and_then(|s| s.rollout.as_ref());
+                match rollout {
+                    Some(r)
+                        if r.revision == plan.spec.revision
+                            && r.progress == progress
+                            && r.slowest.as_deref() == slowest =>
+                    {
+                        Ok(())
+                    }
+                    other => Err(format!(
+                        "revision {} has rollout {other:?}",
+                        plan.spec.revision
+                    )),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The columns of Service plan `name` as `kubectl get` prints them (the API server's
+    /// Table rendering of the CRD's printer columns), by column name.
+    async fn table_row(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
+        let request = http::Request::get(format!(
+            "/apis/proxyplan.dev/v1alpha1/namespaces/{}/serviceproxyplans/{name}",
+            self.namespace
+        ))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+        let table: serde_json::Value = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| format!("reading {name}'s table: {e}"))?;
+        let columns = table["columnDefinitions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let cells = table["rows"][0]["cells"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        Ok(columns
+            .iter()
+            .zip(cells)
+            .map(|(column, cell)| {
+                let text = match cell {
+                    serde_json::Value::String(s) => s,
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                (column["name"].as_str().unwrap_or_default().to_owned(), text)
+            })
+            .collect())
+    }
+
     pub async fn cleanup(&mut self) -> Result<(), String> {
         self.services()
             .delete("huge", &DeleteParams::default())
