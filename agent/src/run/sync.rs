@@ -106,7 +106,11 @@ impl SyncLoop {
             gate: StatusGate::new(
                 settings.status_min_interval,
                 settings.rollout_report_interval,
-            ),
+            )
+            .with_spread(StatusGate::spread_for(
+                &settings.node_name,
+                settings.rollout_report_interval,
+            )),
             status,
             healthchecks: HealthCheckServers::new(
                 settings.nodeport_addresses.clone(),
