@@ -163,12 +163,18 @@ struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// How long after a Service plan write the controller waits for every node's agent
-    /// to report it programmed before writing the rollout as slow (`Programmed` N-1/N and
-    /// the `Slowest` node in `kubectl get serviceproxyplans`). A rollout every node
-    /// reports before then costs one status write, when it completes. Longer than the
-    /// agents' `--rollout-report-interval`, so steady churn costs one write per change.
+    /// to report it programmed before it writes the rollout as lagging (`Programmed`
+    /// N-1/N and the `Slowest` node in `kubectl get serviceproxyplans`). Longer than the
+    /// agents' `--rollout-report-interval`, whose reports it waits for under churn.
     #[arg(long, value_parser = proxyplan_crds::runtime::parse_duration, default_value = "15s")]
     rollout_slow_after: Duration,
+    /// Which rollouts go into the Service plans' status. `lagging`: those some node still
+    /// lacks after --rollout-slow-after, and their completion; a healthy fleet gets no
+    /// extra writes. `all`: every completion too (`N/N` on every row), one more Service
+    /// plan event per change on every node (twice the bytes per change). `off`: none.
+    /// The metrics count every rollout whichever is chosen.
+    #[arg(long, value_enum, default_value = "lagging")]
+    rollout_status: run::rollout::StatusWrites,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
@@ -317,6 +323,7 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
         leader_election_lease,
         identity,
         rollout_slow_after,
+        rollout_status,
         log,
         policy,
     } = args;
@@ -339,6 +346,7 @@ fn run_controller(args: RunArgs) -> anyhow::Result<ExitCode> {
         lease_name: leader_election_lease,
         identity,
         rollout_slow_after,
+        rollout_status,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(run::run(settings))?;

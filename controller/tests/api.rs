@@ -1116,6 +1116,7 @@ fn settings() -> Settings {
         lease_name: LEASE_NAME.to_owned(),
         identity: US.to_owned(),
         rollout_slow_after: Duration::from_secs(15),
+        rollout_status: proxyplan_controller::run::rollout::StatusWrites::Lagging,
     }
 }
 

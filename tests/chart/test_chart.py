@@ -488,6 +488,7 @@ OVERRIDES = {
         "detectLocalMode": "NodeCIDR",
         "minSyncInterval": "2s",
         "rolloutSlowAfter": "30s",
+        "rolloutStatus": "all",
         "image": {"repository": "registry.example/pp-controller", "tag": "v9", "pullPolicy": "Always"},
     },
     "agent": {
@@ -522,6 +523,7 @@ class Overrides(unittest.TestCase):
             "--detect-local-mode=NodeCIDR",
             "--min-sync-interval=2s",
             "--rollout-slow-after=30s",
+            "--rollout-status=all",
         ):
             self.assertIn(flag, args)
         self.assertEqual(c["image"], "registry.example/pp-controller:v9")
@@ -953,6 +955,8 @@ class Schema(unittest.TestCase):
             {"controller": {"clusterShards": 64}},
             {"controller": {"clusterCIDRs": ["not-a-cidr"]}},
             {"controller": {"minSyncInterval": "soon"}},
+            {"controller": {"rolloutStatus": "some"}},
+            {"agent": {"rolloutReportInterval": "often"}},
             {"controller": {"replica": 2}},
             {"metrics": {"podMonitor": {"interval": "soon"}}},
             {"metrics": {"podMonitor": {"enable": True}}},

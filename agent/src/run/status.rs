@@ -346,9 +346,8 @@ pub fn classify(
 pub struct StatusGate {
     min_interval: Duration,
     progress_interval: Duration,
-    /// How long rollout progress waits even after a quiet time: a different fraction of
-    /// the report interval on each node, so one change on a quiet fleet is reported over
-    /// a few seconds instead of by every node in the same instant.
+    /// How long rollout progress waits on top of the interval (and after a quiet time):
+    /// a different fraction of the report interval on each node.
     spread: Duration,
     /// When the held status was first held.
     held_since: Option<Instant>,
@@ -448,10 +447,18 @@ impl StatusGate {
     }
 
     /// When a change of class `change`, first offered at `since`, may be written.
+    ///
+    /// Progress waits its node's spread on top of both: after a quiet time, so that one
+    /// change is not reported by every node in the same instant; and under churn, so
+    /// that nodes which wrote together (they started together, or came back together
+    /// after an outage) drift apart instead of writing in lockstep every interval.
     fn due_at(&self, change: StatusChange, since: Instant) -> Instant {
-        let after_last = self.last_write.map_or(since, |t| t + self.interval(change));
-        if change == StatusChange::Progress && self.last_write.is_some() {
-            after_last.max(since + self.spread)
+        let Some(last) = self.last_write else {
+            return since;
+        };
+        let after_last = last + self.interval(change);
+        if change == StatusChange::Progress {
+            after_last.max(since) + self.spread
         } else {
             after_last
         }
@@ -916,6 +923,12 @@ mod tests {
         assert_eq!(gate.due(), Some(t0 + spread));
         tokio::time::advance(spread).await;
         assert_eq!(gate.release(Instant::now()), Some(at(3)));
+        // Under churn it waits the interval and the spread: nodes that wrote together
+        // drift apart.
+        let written = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(gate.offer(at(4), Instant::now()), None);
+        assert_eq!(gate.due(), Some(written + Duration::from_secs(10) + spread));
     }
 
     #[tokio::test(start_paused = true)]

@@ -67,6 +67,8 @@ pub struct Settings {
     pub identity: String,
     /// How long after its write a rollout some node still lacks is written as slow.
     pub rollout_slow_after: Duration,
+    /// Which rollouts are written to the Service plans' status.
+    pub rollout_status: rollout::StatusWrites,
 }
 
 /// Why the controller stopped.
@@ -409,7 +411,7 @@ impl SyncLoop {
             last_sync: None,
             retry_at: None,
             retry: Backoff::new(RETRY_INITIAL, RETRY_MAX),
-            rollouts: Rollouts::new(settings.rollout_slow_after),
+            rollouts: Rollouts::new(settings.rollout_slow_after, settings.rollout_status),
         }
     }
 

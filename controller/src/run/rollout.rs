@@ -8,12 +8,15 @@
 //! already watches the node plans; it counts, per Service plan, the nodes whose mark is
 //! at or past that write, and names the node furthest behind.
 //!
-//! Every node's report costs no Service plan write: a Service plan's status is written
-//! once when every reporting node holds its revision, and once more (then at most every
-//! [`REWRITE_EVERY`]) while some node still lacks it [`Rollouts::new`]'s `slow_after`
-//! after the write. A revision overtaken by the next before either is not written at
-//! all. So a change costs at most a few writes whatever the node count, and the agents'
-//! reports cost one write per node per report interval under churn, none when quiet.
+//! Every node's report costs no Service plan write. A Service plan's status is written
+//! when some node still lacks its revision [`Rollouts::new`]'s `slow_after` after the
+//! write (then at most every [`REWRITE_EVERY`] while the picture changes), and once more
+//! when such a lagging rollout completes. A rollout every node reports in time is not
+//! written at all by default ([`StatusWrites::Lagging`]): each status write reaches every
+//! node's watch of the Service plans, one more event per change per node, and a healthy
+//! fleet should pay nothing for being watched. [`StatusWrites::All`] writes every
+//! completion too. The agents' reports cost one write per node per report interval under
+//! churn, one per node per change on a quiet cluster, none when nothing changes.
 //!
 //! The node count of a complete rollout is the count when it completed: a node joining
 //! later (its agent lists everything, so its first mark covers every plan) rewrites no
@@ -26,6 +29,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use proxyplan_crds::RolloutStatus;
 use tokio::time::Instant;
+
+/// Which rollouts are written to the Service plans' status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum StatusWrites {
+    /// Only rollouts some node still lacks after the slow-after time, and their
+    /// completion: nothing for a rollout every node reports in time, so a healthy fleet
+    /// receives no Service plan event beyond the changes themselves.
+    #[default]
+    Lagging,
+    /// Also every completed rollout (`N/N` on every row): one more Service plan event per
+    /// change on every node, which doubles the bytes each node receives per change.
+    All,
+    /// None: the metrics only.
+    Off,
+}
 
 /// Shortest time between two writes of one plan's status while its rollout is
 /// incomplete.
@@ -65,8 +83,12 @@ pub struct Update {
 }
 
 /// A rollout that completed, for the metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Completed {
+    /// `namespace/name` of the Service plan.
+    pub plan: String,
+    /// The revision.
+    pub revision: String,
     /// From the write to the controller seeing the last node's mark past it.
     pub seconds: f64,
 }
@@ -75,6 +97,7 @@ pub struct Completed {
 #[derive(Debug)]
 pub struct Rollouts {
     slow_after: Duration,
+    writes: StatusWrites,
     marks: HashMap<String, u64>,
     /// `marks` sorted by mark then node name, rebuilt when a mark moved.
     sorted: Option<Vec<(u64, String)>>,
@@ -88,11 +111,12 @@ pub struct Rollouts {
 
 impl Rollouts {
     /// Rollouts whose progress is written once some node still lacks them `slow_after`
-    /// after their write.
+    /// after their write (and, with [`StatusWrites::All`], every completion).
     #[must_use]
-    pub fn new(slow_after: Duration) -> Self {
+    pub fn new(slow_after: Duration, writes: StatusWrites) -> Self {
         Self {
             slow_after,
+            writes,
             marks: HashMap::new(),
             sorted: None,
             plans: HashMap::new(),
@@ -297,10 +321,20 @@ impl Rollouts {
                 closed.push(plan.clone());
                 if let Some(at) = tracked.written_at {
                     completed.push(Completed {
+                        plan: plan.clone(),
+                        revision: tracked.revision.clone(),
                         seconds: now.saturating_duration_since(at).as_secs_f64(),
                     });
                 }
-                if !same {
+                // A status about this revision was written because it lagged: say it
+                // completed. Else only when every completion is written.
+                let lagged = held.is_some_and(|h| h.revision == status.revision);
+                let wanted = match self.writes {
+                    StatusWrites::All => true,
+                    StatusWrites::Lagging => lagged,
+                    StatusWrites::Off => false,
+                };
+                if wanted && !same {
                     status.complete_time = Some(complete_time.clone());
                     updates.push(Update {
                         plan: plan.clone(),
@@ -313,7 +347,7 @@ impl Rollouts {
                 .written_at
                 .is_none_or(|w| now >= w + self.slow_after);
             let may_rewrite = tracked.last_write.is_none_or(|w| now >= w + REWRITE_EVERY);
-            if slow && may_rewrite && !same {
+            if slow && may_rewrite && !same && self.writes != StatusWrites::Off {
                 updates.push(Update {
                     plan: plan.clone(),
                     status,

@@ -21,7 +21,7 @@ fn marks(rollouts: &mut Rollouts, marks: &[(&str, &str)]) {
 
 #[tokio::test(start_paused = true)]
 async fn a_rollout_every_node_reports_costs_one_write_when_it_completes() {
-    let mut r = Rollouts::new(Duration::from_secs(15));
+    let mut r = Rollouts::new(Duration::from_secs(15), StatusWrites::All);
     marks(&mut r, &[("a", "90"), ("b", "95"), ("c", "99")]);
     let t0 = Instant::now();
     r.wrote("ns/web", "r1", "100", t0);
@@ -51,7 +51,14 @@ async fn a_rollout_every_node_reports_costs_one_write_when_it_completes() {
     assert_eq!(written.slowest, None);
     assert_eq!(written.resource_version.as_deref(), Some("100"));
     assert!(written.complete_time.is_some());
-    assert_eq!(done, vec![Completed { seconds: 2.0 }]);
+    assert_eq!(
+        done,
+        vec![Completed {
+            plan: "ns/web".to_owned(),
+            revision: "r1".to_owned(),
+            seconds: 2.0
+        }]
+    );
     r.written(&updates[0], Instant::now());
     assert_eq!(r.incomplete(), 0);
 
@@ -66,7 +73,7 @@ async fn a_rollout_every_node_reports_costs_one_write_when_it_completes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stopped_node_is_named_slowest_after_slow_after_and_rewritten_rarely() {
-    let mut r = Rollouts::new(Duration::from_secs(2));
+    let mut r = Rollouts::new(Duration::from_secs(2), StatusWrites::All);
     marks(
         &mut r,
         &[("node-a", "50"), ("node-b", "50"), ("node-c", "50")],
@@ -106,7 +113,7 @@ async fn a_stopped_node_is_named_slowest_after_slow_after_and_rewritten_rarely()
 
 #[tokio::test(start_paused = true)]
 async fn a_revision_overtaken_before_it_is_slow_is_never_written() {
-    let mut r = Rollouts::new(Duration::from_secs(15));
+    let mut r = Rollouts::new(Duration::from_secs(15), StatusWrites::All);
     marks(&mut r, &[("a", "10"), ("b", "10")]);
     r.wrote("ns/web", "r1", "20", Instant::now());
     tokio::time::advance(Duration::from_secs(5)).await;
@@ -120,7 +127,7 @@ async fn a_revision_overtaken_before_it_is_slow_is_never_written() {
 
 #[tokio::test(start_paused = true)]
 async fn a_restarted_controller_takes_the_write_version_from_the_status() {
-    let mut r = Rollouts::new(Duration::from_secs(15));
+    let mut r = Rollouts::new(Duration::from_secs(15), StatusWrites::All);
     marks(&mut r, &[("a", "120"), ("b", "100")]);
     // Complete for its current revision: nothing to do.
     r.observed(
@@ -160,7 +167,7 @@ async fn a_restarted_controller_takes_the_write_version_from_the_status() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_write_is_tried_again_later_not_at_once() {
-    let mut r = Rollouts::new(Duration::from_secs(1));
+    let mut r = Rollouts::new(Duration::from_secs(1), StatusWrites::All);
     marks(&mut r, &[("a", "10")]);
     r.wrote("ns/web", "r1", "10", Instant::now());
     let (updates, _) = r.updates(Instant::now());
@@ -171,9 +178,50 @@ async fn a_failed_write_is_tried_again_later_not_at_once() {
     tokio::time::advance(REWRITE_EVERY).await;
     assert_eq!(r.updates(Instant::now()).0.len(), 1);
     // Nodes that report nothing make no rollout.
-    let mut empty = Rollouts::new(Duration::from_secs(1));
+    let mut empty = Rollouts::new(Duration::from_secs(1), StatusWrites::All);
     empty.wrote("ns/web", "r1", "10", Instant::now());
     assert!(empty.updates(Instant::now()).0.is_empty());
     empty.node_mark("a", Some("not-a-number"));
     assert_eq!(empty.nodes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_only_lagging_rollouts_and_their_completion_are_written() {
+    let mut r = Rollouts::new(Duration::from_secs(2), StatusWrites::Lagging);
+    marks(&mut r, &[("a", "10"), ("b", "10")]);
+    // Every node in time: nothing written, but timed for the metrics.
+    let t0 = Instant::now();
+    r.wrote("ns/web", "r1", "20", t0);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    marks(&mut r, &[("a", "20"), ("b", "21")]);
+    let (updates, done) = r.updates(Instant::now());
+    assert!(updates.is_empty(), "{updates:?}");
+    assert_eq!(done.len(), 1);
+    assert_eq!(r.incomplete(), 0);
+
+    // One lags: written as lagging, then as complete.
+    r.wrote("ns/web", "r2", "30", Instant::now());
+    marks(&mut r, &[("a", "30")]);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let (updates, _) = r.updates(Instant::now());
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].status.slowest.as_deref(), Some("b"));
+    r.written(&updates[0], Instant::now());
+    r.observed("ns/web", "r2", Some("31"), Some(&updates[0].status));
+    marks(&mut r, &[("b", "30")]);
+    let (updates, _) = r.updates(Instant::now());
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].status.progress, "2/2");
+
+    // Off: nothing, ever; the metrics still see the rollouts.
+    let mut off = Rollouts::new(Duration::from_secs(1), StatusWrites::Off);
+    marks(&mut off, &[("a", "1")]);
+    off.wrote("ns/web", "r1", "5", Instant::now());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(off.updates(Instant::now()).0.is_empty());
+    assert_eq!(off.incomplete(), 1);
+    marks(&mut off, &[("a", "5")]);
+    let (updates, done) = off.updates(Instant::now());
+    assert!(updates.is_empty());
+    assert_eq!(done.len(), 1);
 }
