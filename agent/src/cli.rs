@@ -1087,13 +1087,99 @@ fn kernel_view(
         }
         Err(err) => view.error = Some(format!("a dry-run sync failed: {err}")),
     }
-    if mode == ProxyMode::Iptables {
-        match trace_live(args, merged, explanation) {
-            Ok(traced) => view.traced = Some(traced),
-            Err(err) => view.trace_error = Some(err),
-        }
+    let traced = match mode {
+        ProxyMode::Iptables => Some(trace_live(args, merged, explanation)),
+        ProxyMode::Nftables => Some(trace_live_nftables(render, merged, explanation)),
+        ProxyMode::Ipvs => None,
+    };
+    match traced {
+        Some(Ok(traced)) => view.traced = Some(traced),
+        Some(Err(err)) => view.trace_error = Some(err),
+        None => {}
     }
     view
+}
+
+/// nftables mode: the packet traced through the live table (the mode's own rules,
+/// checked chain by chain against the kernel's, and the kernel's map elements).
+fn trace_live_nftables(
+    render: &RenderSettings,
+    merged: &proxyplan_crds::MergedPlan,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> Result<proxyplan_agent::explain::Traced, String> {
+    use proxyplan_agent::modes::nftables::trace::{Packet, trace_live};
+    let settings = NftablesSettings {
+        masquerade_bit: render.masquerade_bit,
+        nodeport_cidrs: render
+            .nodeport_cidrs
+            .iter()
+            .filter_map(|c| Net::parse(c))
+            .collect(),
+        nodeport_primary: render.nodeport_primary,
+        drop_invalid: render.drop_invalid,
+    };
+    let flow = &explanation.flow;
+    let packet = Packet {
+        source: flow.source,
+        destination: flow.destination,
+        protocol: protocol_number(flow.protocol),
+        port: flow.port,
+        from_host: flow.from_host,
+        interface: flow.interface.clone(),
+    };
+    let mut kernel = NetlinkNft::new();
+    let trace = trace_live(&mut kernel, merged, &settings, &packet).map_err(|e| e.to_string())?;
+    let endpoints = trace.endpoints();
+    let verdict = trace.verdict().as_str();
+    Ok(proxyplan_agent::explain::Traced {
+        verdict: verdict.to_owned(),
+        agrees_with_plan: agrees(explanation, verdict, &endpoints),
+        masquerade: endpoints.values().any(|m| *m),
+        endpoints: endpoints.into_keys().collect(),
+        rules: trace
+            .paths
+            .first()
+            .map(|p| p.steps.clone())
+            .unwrap_or_default(),
+    })
+}
+
+fn protocol_number(protocol: proxyplan_crds::Protocol) -> u8 {
+    match protocol {
+        proxyplan_crds::Protocol::TCP => 6,
+        proxyplan_crds::Protocol::UDP => 17,
+        proxyplan_crds::Protocol::SCTP => 132,
+    }
+}
+
+/// Whether a live trace (`verdict`, and the endpoints it reaches with whether each is
+/// masqueraded) says what the plan says.
+fn agrees(
+    explanation: &proxyplan_agent::explain::Explanation,
+    verdict: &str,
+    endpoints: &std::collections::BTreeMap<String, bool>,
+) -> bool {
+    use proxyplan_agent::explain::Verdict;
+    match &explanation.verdict {
+        Verdict::Dnat {
+            endpoints: reach, ..
+        } => {
+            verdict == "accept"
+                && endpoints.keys().collect::<Vec<_>>()
+                    == reach
+                        .iter()
+                        .map(|r| &r.endpoint)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                && reach
+                    .iter()
+                    .all(|r| endpoints.get(&r.endpoint) == Some(&r.masquerade))
+        }
+        Verdict::Reject { .. } => verdict == "reject",
+        Verdict::Drop { .. } => verdict == "drop",
+        Verdict::NotProxied { .. } => verdict == "accept" && endpoints.is_empty(),
+    }
 }
 
 /// iptables mode: the packet traced through the live rules.
@@ -1102,7 +1188,7 @@ fn trace_live(
     merged: &proxyplan_crds::MergedPlan,
     explanation: &proxyplan_agent::explain::Explanation,
 ) -> Result<proxyplan_agent::explain::Traced, String> {
-    use proxyplan_agent::explain::{Traced, Verdict};
+    use proxyplan_agent::explain::Traced;
     use proxyplan_agent::kernel::iptables::{Backend, Tool};
     use proxyplan_agent::modes::iptables::trace::{self, Packet};
     let runner = CommandRunner::new();
@@ -1133,28 +1219,12 @@ fn trace_live(
         trace::Verdict::Reject => "reject",
         trace::Verdict::Drop => "drop",
     };
-    let planned: Vec<String> = match &explanation.verdict {
-        Verdict::Dnat { endpoints, .. } => endpoints.iter().map(|e| e.endpoint.clone()).collect(),
-        _ => Vec::new(),
-    };
     let endpoints: Vec<String> = result.endpoints.iter().cloned().collect();
-    let agrees_with_plan = match &explanation.verdict {
-        Verdict::Dnat {
-            endpoints: reach, ..
-        } => {
-            result.verdict == trace::Verdict::Accept
-                && endpoints.iter().collect::<std::collections::BTreeSet<_>>()
-                    == planned.iter().collect()
-                && reach
-                    .iter()
-                    .all(|r| result.masquerade_to(&r.endpoint) == Some(r.masquerade))
-        }
-        Verdict::Reject { .. } => result.verdict == trace::Verdict::Reject,
-        Verdict::Drop { .. } => result.verdict == trace::Verdict::Drop,
-        Verdict::NotProxied { .. } => {
-            result.verdict == trace::Verdict::Accept && endpoints.is_empty()
-        }
-    };
+    let reached: std::collections::BTreeMap<String, bool> = endpoints
+        .iter()
+        .map(|e| (e.clone(), result.masquerade_to(e).unwrap_or(false)))
+        .collect();
+    let agrees_with_plan = agrees(explanation, verdict, &reached);
     Ok(Traced {
         verdict: verdict.to_owned(),
         endpoints,

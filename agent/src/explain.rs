@@ -19,8 +19,8 @@
 //!
 //! The kernel side ([`KernelView`]) is filled by the caller: the mode found on the node,
 //! whether a sync of this plan would change anything (a dry run against the live
-//! kernel: the tamper check's own comparison), and in iptables mode the live rules'
-//! trace of the same packet.
+//! kernel: the tamper check's own comparison), and in iptables and nftables modes the
+//! live rules' trace of the same packet.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -154,13 +154,14 @@ pub struct KernelView {
     pub differences: Vec<String>,
     /// How many changes a sync would make in all.
     pub changes: usize,
-    /// iptables mode: the live rules' verdict for this packet.
+    /// iptables and nftables modes: the live rules' verdict for this packet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traced: Option<Traced>,
     /// Why the kernel could not be read, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// iptables mode: why the live rules could not be traced, if they could not.
+    /// iptables and nftables modes: why the live rules could not be traced, if they
+    /// could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_error: Option<String>,
 }
@@ -168,7 +169,9 @@ pub struct KernelView {
 /// Differences listed at most.
 pub const MAX_DIFFERENCES: usize = 40;
 
-/// The live rules' verdict for the packet (iptables mode's tracer).
+/// The live rules' verdict for the packet (iptables mode's tracer over
+/// `iptables-save`; nftables mode's over the live table, see
+/// [`crate::modes::nftables::trace`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Traced {

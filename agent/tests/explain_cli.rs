@@ -137,13 +137,12 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
         );
         assert_eq!(x["kernel"]["mode"], mode);
         assert_eq!(x["kernel"]["agrees"], true, "{x:#}");
-        if mode == "iptables" {
-            assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
-            assert_eq!(
-                x["kernel"]["traced"]["endpoints"],
-                json!(["10.244.1.10:8080", "10.244.2.10:8080"])
-            );
-        }
+        // The packet traced through the live rules (iptables) or table (nftables).
+        assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
+        assert_eq!(
+            x["kernel"]["traced"]["endpoints"],
+            json!(["10.244.1.10:8080", "10.244.2.10:8080"])
+        );
 
         // Broken: no endpoints; Local policy with its only endpoint on node-b; a port the
         // Service does not have.
@@ -168,14 +167,14 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
             "notProxied"
         };
         assert_eq!(x["verdict"]["action"], unknown, "{x:#}");
-        if mode == "iptables" {
-            for flow in [
-                ("203.0.113.9", "10.10.0.1:30081"),
-                ("10.244.1.5", "10.96.0.14:80"),
-            ] {
-                let x = explain(ns, &plan, &state, flow.0, flow.1);
-                assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
-            }
+        assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
+        for flow in [
+            ("203.0.113.9", "10.10.0.1:30081"),
+            ("10.244.1.5", "10.96.0.14:80"),
+            ("10.244.1.5", "10.10.0.1:30081"),
+        ] {
+            let x = explain(ns, &plan, &state, flow.0, flow.1);
+            assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
         }
 
         // Tampered: web's dispatch taken away by hand.
@@ -215,9 +214,26 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
             "demo/web:http/TCP/IPv4"
         };
         assert!(differences.contains(named), "{x:#}");
-        if mode == "iptables" {
-            assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], false, "{x:#}");
-            assert_eq!(x["kernel"]["traced"]["endpoints"], json!([]), "{x:#}");
+        assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], false, "{x:#}");
+        assert_eq!(x["kernel"]["traced"]["endpoints"], json!([]), "{x:#}");
+        if mode == "nftables" {
+            // Without its element, web's cluster IP is a known address on an unknown
+            // port: the live table rejects it.
+            assert_eq!(x["kernel"]["traced"]["verdict"], "reject", "{x:#}");
+            // A chain someone changed is named, not traced through.
+            run(
+                ns,
+                "nft",
+                &["flush", "chain", "ip", "proxyplan", "services"],
+            );
+            let x = explain(ns, &plan, &state, "10.244.1.5", "10.96.0.10:80");
+            assert_eq!(x["kernel"]["traced"], Value::Null, "{x:#}");
+            assert!(
+                x["kernel"]["traceError"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("live chain services")),
+                "{x:#}"
+            );
         }
         let text = run(
             ns,

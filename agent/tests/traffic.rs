@@ -214,6 +214,77 @@ fn assert_explained(
         | (Showed::Untouched, Verdict::NotProxied { .. }) => {}
         _ => panic!("real packets and explain disagree; {what}"),
     }
+    if traffic_support::mode_under_test() == ProxyMode::Nftables {
+        assert_traced(lab, plan, &flow, from, showed);
+    }
+}
+
+/// nftables mode: the live table's trace of the same connection (what `explain` prints
+/// as `kernel trace:`) is what the real packets showed too.
+fn assert_traced(
+    lab: &Lab,
+    plan: &MergedPlan,
+    flow: &proxyplan_agent::explain::Flow,
+    from: &From<'_>,
+    showed: &Showed<'_>,
+) {
+    use proxyplan_agent::kernel::nftables::NetlinkNft;
+    use proxyplan_agent::modes::nftables::NftablesSettings;
+    use proxyplan_agent::modes::nftables::trace::{Final, Packet, trace_live};
+    let node = lab.ns("node");
+    let mut kernel = NetlinkNft::in_netns(&node).expect("netlink in the node");
+    let packet = Packet {
+        source: flow.source,
+        destination: flow.destination,
+        protocol: match flow.protocol {
+            proxyplan_crds::Protocol::TCP => 6,
+            proxyplan_crds::Protocol::UDP => 17,
+            proxyplan_crds::Protocol::SCTP => 132,
+        },
+        port: flow.port,
+        from_host: flow.from_host,
+        interface: None,
+    };
+    let trace = trace_live(&mut kernel, plan, &NftablesSettings::default(), &packet)
+        .unwrap_or_else(|e| panic!("tracing {packet:?} through the live table: {e}"));
+    let what = format!(
+        "the live trace of {} -> {}:{}: {:?}",
+        flow.source, flow.destination, flow.port, trace
+    );
+    let reached = trace.endpoints();
+    match showed {
+        Showed::Served(seen) => {
+            assert_eq!(trace.verdict(), Final::Accept, "{what}");
+            let family = if flow.destination.is_ipv4() {
+                Family::V4
+            } else {
+                Family::V6
+            };
+            let mut real = BTreeMap::new();
+            for (backend, sources) in *seen {
+                let (pod, target) = backend.split_once('/').expect("pod/port");
+                let endpoint = match ip(lab.pod(pod).ip(family)) {
+                    IpAddr::V4(a) => format!("{a}:{target}"),
+                    IpAddr::V6(a) => format!("[{a}]:{target}"),
+                };
+                real.insert(endpoint, sources.iter().any(|s| *s != flow.source));
+            }
+            assert_eq!(
+                reached.keys().collect::<Vec<_>>(),
+                real.keys().collect::<Vec<_>>(),
+                "{what}"
+            );
+            if !from.1 {
+                assert_eq!(reached, real, "masquerade per endpoint; {what}");
+            }
+        }
+        Showed::Refused => assert_eq!(trace.verdict(), Final::Reject, "{what}"),
+        Showed::Dropped => assert_eq!(trace.verdict(), Final::Drop, "{what}"),
+        Showed::Untouched => {
+            assert_eq!(trace.verdict(), Final::Accept, "{what}");
+            assert!(reached.is_empty(), "{what}");
+        }
+    }
 }
 
 /// `until_all` over TCP.

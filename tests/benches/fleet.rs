@@ -733,6 +733,29 @@ fn pid_file(path: &std::path::Path) -> u32 {
 /// One line of the soak's resource samples: the agents' resident memory (median / max),
 /// most open files, sockets, threads and runtime tasks of any agent; each controller's; the
 /// API server's memory and its open watches.
+/// Writes to the node plans' and the Service plans' status so far, as the API server
+/// counts them (`apiserver_request_total`).
+async fn status_writes(client: &kube::Client) -> (f64, f64) {
+    let request = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap());
+    let text = tokio::time::timeout(Duration::from_secs(10), request)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let sum = |resource: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("apiserver_request_total{")
+                    && l.contains(&format!("resource=\"{resource}\""))
+                    && l.contains("subresource=\"status\"")
+                    && !l.contains("verb=\"GET\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (sum("nodeproxyplans"), sum("serviceproxyplans"))
+}
+
 async fn sample_resources(
     agents: &[Arc<faults::Restartable>],
     agent_metrics: &[Arc<AgentMetrics>],
@@ -1646,6 +1669,7 @@ async fn main() {
         cpu(&proxy_pids),
     );
     let watched_before = watched.load(Ordering::Relaxed);
+    let status_writes_before = status_writes(&client).await;
 
     // One slice write: the state first (so the checker never expects less than was sent),
     // then the PATCH.
@@ -2113,6 +2137,7 @@ async fn main() {
     );
     let own_cpu = (cpu_seconds(own_pid) - own_before) / churned;
     let watched_bytes = watched.load(Ordering::Relaxed) - watched_before;
+    let status_writes_after = status_writes(&client).await;
     let rounds = match checker {
         Some(task) => task.await.unwrap_or(0),
         None => 0,
@@ -2291,6 +2316,18 @@ async fn main() {
                 watched_bytes as f64 / watchers.max(1) as f64 * (watchers + agents) as f64
                     / churned
                     / 1e6
+            ),
+        ),
+        (
+            "rollout status: node plan status writes per node per minute; Service plan status \
+             writes per slice write (the API server's request counts)"
+                .into(),
+            format!(
+                "{:.1}; {:.3}",
+                (status_writes_after.0 - status_writes_before.0)
+                    / agents.max(1) as f64
+                    / (churned / 60.0),
+                (status_writes_after.1 - status_writes_before.1) / writes_done.max(1) as f64
             ),
         ),
         (

@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -597,7 +598,9 @@ class Scenario:
         self.release = Release(c, {
             # the few values this cluster needs: its pod CIDR, the API server's address
             # (no Service VIP works before the proxy does), the images it imported
-            "controller": {"clusterCIDRs": [POD_CIDR],
+            # rolloutSlowAfter: a stopped agent is named within the kubelet's liveness
+            # budget (3 x 10 s), before it restarts the agent
+            "controller": {"clusterCIDRs": [POD_CIDR], "rolloutSlowAfter": "5s",
                            "image": {"repository": f"{REGISTRY}/proxyplan-controller",
                                      "tag": "1", "pullPolicy": "Never"}},
             "agent": {"image": {"repository": f"{REGISTRY}/proxyplan-agent", "tag": "1",
@@ -761,6 +764,70 @@ class Scenario:
         # the last endpoint change reaches every node
         time.sleep(3)
 
+    def agent_pid(self, node: str) -> int:
+        """The host PID of the agent serving `node` (its command line names the node)."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [a.decode(errors="replace") for a in argv]
+            if (words and words[0].endswith("proxyplan-agent") and "run" in words
+                    and f"--node={node}" in words):
+                return int(entry.name)
+        raise RuntimeError(f"no proxyplan-agent process for node {node}")
+
+    def rollout_with_a_stopped_agent(self) -> None:
+        """One agent stopped (SIGSTOP), a Service changes: `kubectl get
+        serviceproxyplans` says 2/3 and names that node; 3/3 once it runs again."""
+        c = self.cluster
+        node = c.nodes[-1].name
+        name = "pp-rollout-probe"
+        slice_of = lambda addresses: json.dumps({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{name}-1", "namespace": TRAFFIC_NS,
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [a], "conditions": {"ready": True}}
+                          for a in addresses]})
+        c.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": TRAFFIC_NS},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))
+        c.kubectl("apply", "-f", "-", input=slice_of(["10.99.0.1"]))
+
+        def rollout() -> dict:
+            plan = c.get("serviceproxyplans", "-n", TRAFFIC_NS, name)
+            r = (plan.get("status") or {}).get("rollout") or {}
+            return r if r.get("revision") == plan["spec"]["revision"] else {}
+
+        pid = self.agent_pid(node)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            c.kubectl("apply", "-f", "-", input=slice_of(["10.99.0.1", "10.99.0.2"]))
+            stopped = time.monotonic()
+            wait_until(f"{name}'s rollout to name {node}",
+                       lambda: rollout().get("slowest") == node, timeout=25)
+            named = time.monotonic() - stopped
+            shown = c.kubectl("get", "serviceproxyplans", "-n", TRAFFIC_NS, name)
+            log(f"   kubectl get serviceproxyplans {name}, {named:.1f} s after the change:\n"
+                + "\n".join(f"     {line}" for line in shown.splitlines()))
+            row = shown.splitlines()[-1].split()
+            total = len(c.nodes)
+            assert f"{total - 1}/{total}" in row and node in row, \
+                f"expected {total - 1}/{total} and {node}: {shown}"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        wait_until(f"{name}'s rollout complete",
+                   lambda: rollout().get("progress") == f"{len(c.nodes)}/{len(c.nodes)}")
+        log(f"   {len(c.nodes)}/{len(c.nodes)} {time.monotonic() - resumed:.1f} s after SIGCONT")
+        c.kubectl("delete", "service", "-n", TRAFFIC_NS, name)
+        c.kubectl("delete", "endpointslice", "-n", TRAFFIC_NS, f"{name}-1")
+
     def run_conformance(self, mode: str) -> None:
         log(f"== conformance, {mode} mode")
         self.wait_ready(mode)  # the mode really running on every node
@@ -809,6 +876,9 @@ class Scenario:
             self.rollout("deployment", "proxyplan-controller")))
         self.operation("controller failover: leader pod deleted while web rolls",
                        self.failover)
+        self.operation("one agent stopped (SIGSTOP) while a Service changes: "
+                       "kubectl get serviceproxyplans names it",
+                       self.rollout_with_a_stopped_agent)
         self.operation("mode switch nftables -> iptables (helm upgrade agent.mode=iptables)",
                        lambda: (self.release.upgrade({"agent": {"mode": "iptables"}}),
                                 self.rollout("daemonset", "proxyplan-agent")),

@@ -11,6 +11,7 @@
 //!   [`sink`] that sends them as transactions.
 //! - [`dataplane`]: the sync; [`probe`](mod@probe): whether the kernel takes what the mode writes
 //!   (for `--mode auto`).
+//! - [`trace`]: a new connection traced through the live table, for `explain`.
 
 pub mod dataplane;
 pub mod desired;
@@ -23,6 +24,7 @@ pub mod render;
 pub mod rules;
 pub mod settings;
 pub mod sink;
+pub mod trace;
 
 pub use dataplane::NftablesDataplane;
 pub use probe::probe;

@@ -188,6 +188,27 @@ impl Records {
         }
     }
 
+    /// The data of the element with `key` (empty for a set's element), if it is held.
+    #[must_use]
+    pub fn value(&self, key: &[u8]) -> Option<&[u8]> {
+        let i = self.find(key)?;
+        let at = i * self.record_len() + self.key_len;
+        self.bytes.get(at..at + self.data_len)
+    }
+
+    /// The verdict of a verdict map's element with `key`, if it is held.
+    #[must_use]
+    pub fn verdict(&self, key: &[u8]) -> Option<Verdict> {
+        if !self.verdicts {
+            return None;
+        }
+        let held = self.value(key)?;
+        let code = i32::from_ne_bytes(held.get(..4)?.try_into().ok()?);
+        let id = u32::from_ne_bytes(held.get(4..8)?.try_into().ok()?);
+        let chain = self.chains.get(id as usize).cloned();
+        Verdict::from_code(code, chain).ok()
+    }
+
     /// Looks `key` up, marks it seen, and says whether it is held with `data`.
     pub fn check(&mut self, key: &[u8], data: Option<&Data>) -> Presence {
         let Some(i) = self.find(key) else {
