@@ -3,11 +3,11 @@
 //!
 //! One model of the table, not a second parser: the rules are the mode's own
 //! [`Rule`](super::rules::Rule)s for the plan, and each chain the packet enters must
-//! hold exactly them in the kernel,
-//! compared by the same hash the sync and the tamper check compare (a chain someone
-//! changed is reported, not traced through). The maps and sets the rules look packets
-//! up in are read from the kernel ([`HeldTable`], the tamper check's read), so a
-//! missing, extra or changed element shows in the trace as it does to packets.
+//! hold exactly them in the kernel, compared by the same hash the sync and the tamper
+//! check compare (a chain someone changed is reported, not traced through). The maps
+//! and sets the rules look packets up in are read from the kernel ([`HeldTable`], the
+//! tamper check's read), so a missing, extra or changed element shows in the trace as
+//! it does to packets.
 //!
 //! The hooks a new connection passes, in priority order: prerouting (filter −110, nat
 //! −100) for a packet that arrives, output (filter −110, nat −100, filter 0) for one the
