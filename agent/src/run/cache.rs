@@ -179,6 +179,10 @@ pub struct PlanCache {
     /// The newest `resourceVersion` of a Service plan event that changed what to program
     /// (or of a listed object), 0 before any.
     received: u64,
+    /// The newest `resourceVersion` a list in progress has shown: it counts once the
+    /// list is done (lists come in name order, not version order, so a part of one
+    /// says nothing about the objects still to come).
+    listing: u64,
 }
 
 /// The merge cache, keeping an object's entries until the object leaves the store: once
@@ -318,10 +322,13 @@ impl PlanCache {
         match event {
             Event::Init => {
                 self.services_relist = Some(HashSet::new());
+                self.listing = 0;
                 Change::default()
             }
             Event::InitApply(mut object) => {
-                self.receive(version_of(&object).as_deref());
+                if let Some(version) = version_of(&object).and_then(|v| v.parse::<u64>().ok()) {
+                    self.listing = self.listing.max(version);
+                }
                 // Stored and validated into the merge cache as it arrives, so that a
                 // list of thousands of Service plans is never held twice (objects and
                 // entries). Objects deleted while the watch was away leave at InitDone.
@@ -340,6 +347,7 @@ impl PlanCache {
             Event::InitDone => {
                 let listed = self.services_relist.take().unwrap_or_default();
                 self.services_listed = true;
+                self.received = self.received.max(std::mem::take(&mut self.listing));
                 self.replace_services(&listed)
             }
             Event::Apply(object) => {
@@ -699,9 +707,19 @@ mod tests {
         let change = cache.service_event(Event::Apply(with_generation("14", 2)));
         assert!(change.relevant);
         assert_eq!(cache.received(), 14);
+        // A list in progress moves it only once it is done.
+        cache.service_event(Event::Init);
+        cache.service_event(Event::InitApply(with_generation("30", 3)));
+        assert_eq!(
+            cache.received(),
+            14,
+            "a part of a list says nothing of the rest"
+        );
+        cache.service_event(Event::InitDone);
+        assert_eq!(cache.received(), 30);
         // A delete moves the mark too.
-        cache.service_event(Event::Delete(with_generation("17", 2)));
-        assert_eq!(cache.received(), 17);
+        cache.service_event(Event::Delete(with_generation("37", 3)));
+        assert_eq!(cache.received(), 37);
     }
 
     fn keys(outcome: &PlanOutcome) -> Vec<String> {

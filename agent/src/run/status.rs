@@ -192,7 +192,9 @@ pub fn build_status(
             .sync_duration
             .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
         agent_version: Some(AGENT_VERSION.to_owned()),
-        programmed_resource_version: observation.programmed_through.map(|v| v.to_string()),
+        // 0 until a sync left the kernel clean: the controller counts this node as
+        // holding nothing yet, not as one that does not report.
+        programmed_resource_version: Some(observation.programmed_through.unwrap_or(0).to_string()),
     }
 }
 

@@ -690,9 +690,14 @@ impl SyncLoop {
                 }
                 Err(writer::WriteFailure::Api(kube::Error::Api(status))) if status.code == 404 => {
                     // Deleted meanwhile, or a CRD without the status subresource (older
-                    // than this controller): nothing to retry soon.
-                    debug!(plan = %update.plan, "rollout status not written: {}", status.message);
-                    self.rollouts.failed(&update, now);
+                    // than this controller): not tried again for this revision.
+                    warn!(
+                        plan = %update.plan,
+                        "rollout status not written ({}); are the CRDs up to date? \
+                         (kubectl apply -f charts/proxyplan/crds)",
+                        status.message
+                    );
+                    self.rollouts.gave_up(&update);
                 }
                 Err(err) => {
                     debug!(plan = %update.plan, %err, "rollout status not written; retrying later");

@@ -71,6 +71,12 @@ struct Tracked {
     complete: bool,
     /// A write of its status failed: not tried again before this.
     not_before: Option<Instant>,
+    /// Looked at when it could have been written and nothing was to be written: no
+    /// time makes it due again, only a node's mark moving (which makes every open plan
+    /// looked at).
+    settled: bool,
+    /// Its completion was counted in the metrics.
+    timed: bool,
 }
 
 /// A status to write.
@@ -153,6 +159,13 @@ impl Rollouts {
         let Ok(since) = resource_version.parse::<u64>() else {
             return;
         };
+        if self.plans.get(plan).is_some_and(|t| t.revision == revision) {
+            // The same content written again (a repair of someone else's fields, an
+            // apply that changed nothing): its rollout is still the one of the write
+            // that made it, which the agents' marks reach (a write that leaves the spec
+            // alone moves no mark).
+            return;
+        }
         let status = self.plans.get(plan).and_then(|t| t.status.clone());
         self.plans.insert(
             plan.to_owned(),
@@ -165,6 +178,8 @@ impl Rollouts {
                 last_write: None,
                 complete: false,
                 not_before: None,
+                settled: false,
+                timed: false,
             },
         );
         self.open.insert(plan.to_owned());
@@ -180,11 +195,18 @@ impl Rollouts {
         resource_version: Option<&str>,
         status: Option<&RolloutStatus>,
     ) {
-        if let Some(tracked) = self.plans.get_mut(plan)
-            && tracked.revision == revision
-        {
-            tracked.status = status.cloned();
-            return;
+        if let Some(tracked) = self.plans.get_mut(plan) {
+            if tracked.revision == revision {
+                tracked.status = status.cloned();
+                return;
+            }
+            let older = resource_version
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v < tracked.since);
+            if older {
+                // An event from before this controller's own newer write.
+                return;
+            }
         }
         // Found at start, or changed by someone else: the write that made this content
         // is the one the status names when it is about this revision, else (no older
@@ -209,6 +231,8 @@ impl Rollouts {
                 last_write: None,
                 complete,
                 not_before: None,
+                settled: false,
+                timed: complete,
             },
         );
         if complete {
@@ -223,6 +247,7 @@ impl Rollouts {
     pub fn retain(&mut self, listed: &HashSet<String>) {
         self.plans.retain(|name, _| listed.contains(name));
         self.open.retain(|name| listed.contains(name));
+        self.dirty = true;
     }
 
     /// `plan` is gone.
@@ -256,6 +281,7 @@ impl Rollouts {
         self.open
             .iter()
             .filter_map(|name| self.plans.get(name))
+            .filter(|t| !t.settled)
             .map(|t| {
                 let slow = t.written_at.map_or(now, |w| w + self.slow_after);
                 let at = t.last_write.map_or(slow, |w| slow.max(w + REWRITE_EVERY));
@@ -291,6 +317,7 @@ impl Rollouts {
             if tracked.complete || tracked.not_before.is_some_and(|n| now < n) {
                 continue;
             }
+            tracked.settled = false;
             let behind = sorted.partition_point(|(mark, _)| *mark < tracked.since);
             let programmed = nodes - u32::try_from(behind).unwrap_or(nodes);
             let mut status = RolloutStatus {
@@ -319,7 +346,8 @@ impl Rollouts {
             if behind == 0 {
                 tracked.complete = true;
                 closed.push(plan.clone());
-                if let Some(at) = tracked.written_at {
+                if let Some(at) = tracked.written_at.filter(|_| !tracked.timed) {
+                    tracked.timed = true;
                     completed.push(Completed {
                         plan: plan.clone(),
                         revision: tracked.revision.clone(),
@@ -347,11 +375,16 @@ impl Rollouts {
                 .written_at
                 .is_none_or(|w| now >= w + self.slow_after);
             let may_rewrite = tracked.last_write.is_none_or(|w| now >= w + REWRITE_EVERY);
-            if slow && may_rewrite && !same && self.writes != StatusWrites::Off {
-                updates.push(Update {
-                    plan: plan.clone(),
-                    status,
-                });
+            if slow && may_rewrite {
+                if same || self.writes == StatusWrites::Off {
+                    // Nothing to say until a mark moves.
+                    tracked.settled = true;
+                } else {
+                    updates.push(Update {
+                        plan: plan.clone(),
+                        status,
+                    });
+                }
             }
         }
         for plan in closed {
@@ -369,6 +402,15 @@ impl Rollouts {
             tracked.status = Some(update.status.clone());
             tracked.last_write = Some(now);
         }
+    }
+
+    /// Writing `update` was refused for good (404: the plan is gone, or the CRD has no
+    /// status subresource): its rollout is not written again.
+    pub fn gave_up(&mut self, update: &Update) {
+        if let Some(tracked) = self.plans.get_mut(&update.plan) {
+            tracked.complete = true;
+        }
+        self.open.remove(&update.plan);
     }
 
     /// Writing `update` failed: it is computed again [`REWRITE_EVERY`] later.

@@ -443,13 +443,20 @@ impl Tracer<'_> {
         match action {
             Action::MarkOr(bit) => state.mark |= bit,
             Action::MarkXor(bit) => state.mark ^= bit,
-            Action::Masquerade => state.masquerade = true,
+            // NAT statements end the chain with an accept: nothing after them runs.
+            Action::Masquerade => {
+                state.masquerade = true;
+                return Ok(vec![(state, Flow::Accept)]);
+            }
             Action::Reject => return Ok(vec![(state, Flow::Reject)]),
             Action::AffinityRefresh(_) | Action::AffinityRecord { .. } => {}
             // A new client has no element in the affinity map: the lookup fails and
             // the rest of the rule does not run.
             Action::DnatByAffinity(_) => return Ok(vec![(state, Flow::Next)]),
-            Action::DnatTo { addr, port } => dnat(&mut state, *addr, *port),
+            Action::DnatTo { addr, port } => {
+                dnat(&mut state, *addr, *port);
+                return Ok(vec![(state, Flow::Accept)]);
+            }
             Action::Verdict(verdict) => return self.verdict(verdict, state, depth),
             Action::DispatchByDestination(map) | Action::DispatchByPort(map) => {
                 let by_port = matches!(action, Action::DispatchByPort(_));
@@ -509,11 +516,15 @@ impl Tracer<'_> {
                         continue;
                     };
                     let Some((addr, port)) = endpoint_of(value, self.ctx.family) else {
+                        let mut odd = state.clone();
+                        odd.steps
+                            .push(format!("{map}: slot {slot} holds no endpoint it can read"));
+                        out.push((odd, Flow::Next));
                         continue;
                     };
                     let mut next = state.clone();
                     dnat(&mut next, addr, port);
-                    out.extend(self.actions(rest, next, depth)?);
+                    out.push((next, Flow::Accept));
                 }
                 return Ok(out);
             }

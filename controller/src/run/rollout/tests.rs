@@ -225,3 +225,62 @@ async fn by_default_only_lagging_rollouts_and_their_completion_are_written() {
     assert!(updates.is_empty());
     assert_eq!(done.len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lagging_rollout_with_nothing_new_to_say_is_not_looked_at_again_until_a_mark_moves() {
+    for writes in [StatusWrites::Lagging, StatusWrites::Off] {
+        let mut r = Rollouts::new(Duration::from_secs(2), writes);
+        marks(&mut r, &[("a", "10"), ("b", "10")]);
+        r.wrote("ns/web", "r1", "20", Instant::now());
+        marks(&mut r, &[("a", "20")]);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (updates, _) = r.updates(Instant::now());
+        for update in &updates {
+            r.written(update, Instant::now());
+        }
+        // Past the rewrite time the picture is the same: one look, then nothing is due
+        // (no spinning while a node stays stopped).
+        tokio::time::advance(REWRITE_EVERY).await;
+        let now = Instant::now();
+        if let Some(due) = r.due(now) {
+            assert!(due <= now);
+            assert!(r.updates(now).0.is_empty(), "{writes:?}");
+        }
+        assert_eq!(r.due(Instant::now()), None, "{writes:?}: settled");
+        // A mark moving makes it looked at again.
+        marks(&mut r, &[("b", "20")]);
+        assert!(r.due(Instant::now()).is_some());
+        let (_, done) = r.updates(Instant::now());
+        assert_eq!(done.len(), 1, "{writes:?}");
+        assert_eq!(r.incomplete(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rewrites_and_stale_events_keep_the_first_write_and_count_it_once() {
+    let mut r = Rollouts::new(Duration::from_secs(15), StatusWrites::All);
+    marks(&mut r, &[("a", "10")]);
+    r.wrote("ns/web", "r2", "30", Instant::now());
+    // The same content written again later (a repair of managedFields): the rollout
+    // is still the first write's, which is what the marks reach.
+    r.wrote("ns/web", "r2", "35", Instant::now());
+    // A late event of the revision before is no news.
+    r.observed("ns/web", "r1", Some("25"), None);
+    marks(&mut r, &[("a", "30")]);
+    let (updates, done) = r.updates(Instant::now());
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].status.revision, "r2");
+    assert_eq!(updates[0].status.resource_version.as_deref(), Some("30"));
+    assert_eq!(done.len(), 1);
+    // The write fails and is tried again: counted once in the metrics.
+    r.failed(&updates[0], Instant::now());
+    tokio::time::advance(REWRITE_EVERY).await;
+    let (updates, done) = r.updates(Instant::now());
+    assert_eq!(updates.len(), 1);
+    assert!(done.is_empty(), "already counted");
+    // Refused for good (no status subresource): not tried again.
+    r.gave_up(&updates[0]);
+    tokio::time::advance(REWRITE_EVERY).await;
+    assert!(r.updates(Instant::now()).0.is_empty());
+    assert_eq!(r.incomplete(), 0);
+}
