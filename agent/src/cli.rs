@@ -557,16 +557,7 @@ impl DataplaneArgs {
         };
         match mode {
             ProxyMode::Nftables => Box::new(NftablesDataplane::new(
-                NftablesSettings {
-                    masquerade_bit: render.masquerade_bit,
-                    nodeport_cidrs: render
-                        .nodeport_cidrs
-                        .iter()
-                        .filter_map(|c| Net::parse(c))
-                        .collect(),
-                    nodeport_primary: render.nodeport_primary,
-                    drop_invalid: render.drop_invalid,
-                },
+                nftables_settings(render),
                 NetlinkNft::new(),
                 CommandRunner::new(),
             )),
@@ -1108,16 +1099,7 @@ fn trace_live_nftables(
     explanation: &proxyplan_agent::explain::Explanation,
 ) -> Result<proxyplan_agent::explain::Traced, String> {
     use proxyplan_agent::modes::nftables::trace::{Packet, trace_live};
-    let settings = NftablesSettings {
-        masquerade_bit: render.masquerade_bit,
-        nodeport_cidrs: render
-            .nodeport_cidrs
-            .iter()
-            .filter_map(|c| Net::parse(c))
-            .collect(),
-        nodeport_primary: render.nodeport_primary,
-        drop_invalid: render.drop_invalid,
-    };
+    let settings = nftables_settings(render);
     let flow = &explanation.flow;
     let packet = Packet {
         source: flow.source,
@@ -1142,6 +1124,20 @@ fn trace_live_nftables(
             .map(|p| p.steps.clone())
             .unwrap_or_default(),
     })
+}
+
+/// nftables mode's settings from the flags it shares with the other modes.
+fn nftables_settings(render: &RenderSettings) -> NftablesSettings {
+    NftablesSettings {
+        masquerade_bit: render.masquerade_bit,
+        nodeport_cidrs: render
+            .nodeport_cidrs
+            .iter()
+            .filter_map(|c| Net::parse(c))
+            .collect(),
+        nodeport_primary: render.nodeport_primary,
+        drop_invalid: render.drop_invalid,
+    }
 }
 
 fn protocol_number(protocol: proxyplan_crds::Protocol) -> u8 {

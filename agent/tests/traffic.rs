@@ -181,21 +181,7 @@ fn assert_explained(
     );
     match (showed, &x.verdict) {
         (Showed::Served(seen), Verdict::Dnat { endpoints, .. }) => {
-            let family = if flow.destination.is_ipv4() {
-                Family::V4
-            } else {
-                Family::V6
-            };
-            let mut real = BTreeMap::new();
-            for (backend, sources) in *seen {
-                let (pod, target) = backend.split_once('/').expect("pod/port");
-                let address: IpAddr = ip(lab.pod(pod).ip(family));
-                let endpoint = match address {
-                    IpAddr::V4(a) => format!("{a}:{target}"),
-                    IpAddr::V6(a) => format!("[{a}]:{target}"),
-                };
-                real.insert(endpoint, sources.iter().any(|s| *s != flow.source));
-            }
+            let real = reached_by_packets(lab, seen, &flow);
             let explained: BTreeMap<String, bool> = endpoints
                 .iter()
                 .map(|r| (r.endpoint.clone(), r.masquerade))
@@ -217,6 +203,30 @@ fn assert_explained(
     if traffic_support::mode_under_test() == ProxyMode::Nftables {
         assert_traced(lab, plan, &flow, from, showed);
     }
+}
+
+/// The endpoints real packets reached (`ip:port`), each with whether its backend saw
+/// another source than the client's (masqueraded).
+fn reached_by_packets(
+    lab: &Lab,
+    seen: &Seen,
+    flow: &proxyplan_agent::explain::Flow,
+) -> BTreeMap<String, bool> {
+    let family = if flow.destination.is_ipv4() {
+        Family::V4
+    } else {
+        Family::V6
+    };
+    let mut real = BTreeMap::new();
+    for (backend, sources) in seen {
+        let (pod, target) = backend.split_once('/').expect("pod/port");
+        let endpoint = match ip(lab.pod(pod).ip(family)) {
+            IpAddr::V4(a) => format!("{a}:{target}"),
+            IpAddr::V6(a) => format!("[{a}]:{target}"),
+        };
+        real.insert(endpoint, sources.iter().any(|s| *s != flow.source));
+    }
+    real
 }
 
 /// nftables mode: the live table's trace of the same connection (what `explain` prints
@@ -255,20 +265,7 @@ fn assert_traced(
     match showed {
         Showed::Served(seen) => {
             assert_eq!(trace.verdict(), Final::Accept, "{what}");
-            let family = if flow.destination.is_ipv4() {
-                Family::V4
-            } else {
-                Family::V6
-            };
-            let mut real = BTreeMap::new();
-            for (backend, sources) in *seen {
-                let (pod, target) = backend.split_once('/').expect("pod/port");
-                let endpoint = match ip(lab.pod(pod).ip(family)) {
-                    IpAddr::V4(a) => format!("{a}:{target}"),
-                    IpAddr::V6(a) => format!("[{a}]:{target}"),
-                };
-                real.insert(endpoint, sources.iter().any(|s| *s != flow.source));
-            }
+            let real = reached_by_packets(lab, seen, flow);
             assert_eq!(
                 reached.keys().collect::<Vec<_>>(),
                 real.keys().collect::<Vec<_>>(),

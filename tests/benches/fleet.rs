@@ -733,15 +733,20 @@ fn pid_file(path: &std::path::Path) -> u32 {
 /// One line of the soak's resource samples: the agents' resident memory (median / max),
 /// most open files, sockets, threads and runtime tasks of any agent; each controller's; the
 /// API server's memory and its open watches.
-/// Writes to the node plans' and the Service plans' status so far, as the API server
-/// counts them (`apiserver_request_total`).
-async fn status_writes(client: &kube::Client) -> (f64, f64) {
+/// The API server's `/metrics` text (empty when it does not answer within 10 s).
+async fn api_metrics(client: &kube::Client) -> String {
     let request = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap());
-    let text = tokio::time::timeout(Duration::from_secs(10), request)
+    tokio::time::timeout(Duration::from_secs(10), request)
         .await
         .ok()
         .and_then(Result::ok)
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Writes to the node plans' and the Service plans' status so far, as the API server
+/// counts them (`apiserver_request_total`).
+async fn status_writes(client: &kube::Client) -> (f64, f64) {
+    let text = api_metrics(client).await;
     let sum = |resource: &str| -> f64 {
         text.lines()
             .filter(|l| {
@@ -798,12 +803,7 @@ async fn sample_resources(
             r.threads
         ));
     }
-    let request = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap());
-    let text = tokio::time::timeout(Duration::from_secs(10), request)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    let text = api_metrics(client).await;
     let watches: f64 = text
         .lines()
         .filter(|l| {
@@ -2322,13 +2322,18 @@ async fn main() {
             "rollout status: node plan status writes per node per minute; Service plan status \
              writes per slice write (the API server's request counts)"
                 .into(),
-            format!(
-                "{:.1}; {:.3}",
-                (status_writes_after.0 - status_writes_before.0)
-                    / agents.max(1) as f64
-                    / (churned / 60.0),
-                (status_writes_after.1 - status_writes_before.1) / writes_done.max(1) as f64
-            ),
+            if soak {
+                // The API server's counters start again with it.
+                "- (restarted)".to_owned()
+            } else {
+                format!(
+                    "{:.1}; {:.3}",
+                    (status_writes_after.0 - status_writes_before.0)
+                        / agents.max(1) as f64
+                        / (churned / 60.0),
+                    (status_writes_after.1 - status_writes_before.1) / writes_done.max(1) as f64
+                )
+            },
         ),
         (
             "watchers: reopened after the API server closed them (slow readers)".into(),

@@ -158,27 +158,8 @@ impl Faults {
             .create(&PostParams::default(), &namespace)
             .await
             .map_err(|e| format!("creating namespace: {e}"))?;
-        let node: Node = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
-            "spec": {"podCIDR": "10.250.1.0/24", "podCIDRs": ["10.250.1.0/24"],
-                     "taints": [{"key": "proxyplan.dev/e2e-fake-node", "effect": "NoSchedule"}]}
-        }))
-        .map_err(|e| e.to_string())?;
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes
-            .create(&PostParams::default(), &node)
-            .await
-            .map_err(|e| format!("creating Node: {e}"))?;
-        nodes
-            .patch_status(
-                NODE,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"addresses": [
-                    {"type": "InternalIP", "address": "192.0.2.10"}]}})),
-            )
-            .await
-            .map_err(|e| format!("patching the Node's status: {e}"))?;
+        self.create_node(NODE, "10.250.1.0/24", "192.0.2.10")
+            .await?;
         self.create_service("web", &[("http", 80)], "ClusterIP")
             .await?;
         self.put_slice(
@@ -188,6 +169,38 @@ impl Faults {
             &["10.250.1.10", "10.250.1.11"],
         )
         .await?;
+        Ok(())
+    }
+
+    /// Creates Node `name` in zone-a with pod CIDR `pod_cidr` and InternalIP `address`
+    /// (tainted so that nothing is scheduled on it).
+    pub async fn create_node(
+        &self,
+        name: &str,
+        pod_cidr: &str,
+        address: &str,
+    ) -> Result<(), String> {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
+                     "taints": [{"key": "proxyplan.dev/e2e-fake-node", "effect": "NoSchedule"}]}
+        }))
+        .map_err(|e| e.to_string())?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .map_err(|e| format!("creating Node {name}: {e}"))?;
+        nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"addresses": [
+                    {"type": "InternalIP", "address": address}]}})),
+            )
+            .await
+            .map_err(|e| format!("patching Node {name}'s status: {e}"))?;
         Ok(())
     }
 

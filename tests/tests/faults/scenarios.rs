@@ -1076,18 +1076,9 @@ impl Faults {
     /// programmed with that node as the slowest in the columns `kubectl get
     /// serviceproxyplans` prints, and `2/2` once it runs again: two status writes.
     pub async fn rollout_with_a_stopped_agent(&mut self) -> Result<(), String> {
-        let node: Node = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE_B, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
-            "spec": {"podCIDR": "10.250.2.0/24", "podCIDRs": ["10.250.2.0/24"],
-                     "taints": [{"key": "proxyplan.dev/e2e-fake-node", "effect": "NoSchedule"}]}
-        }))
-        .map_err(|e| e.to_string())?;
+        self.create_node(NODE_B, "10.250.2.0/24", "192.0.2.11")
+            .await?;
         let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes
-            .create(&PostParams::default(), &node)
-            .await
-            .map_err(|e| format!("creating Node {NODE_B}: {e}"))?;
         let mut agent = self.start_extra_agent(NODE_B, "b").await?;
         let pid = agent.process.as_ref().map(|p| p.child.id().to_string());
         let result = self.rollout_checks(pid.as_deref().unwrap_or("0")).await;
