@@ -211,14 +211,7 @@ pub fn keep_keys(object: &mut Value, path: &[&str], keep: &[&str]) {
 /// newer agent's) is dropped rather than refusing the plan.
 impl Projection for crate::NodeProxyPlan {
     fn project(object: Value) -> Value {
-        let mut object = keep_fields_and_meta(object, &["spec", "status"], &[]);
-        let readable = object
-            .get("status")
-            .is_none_or(|status| crate::NodeProxyPlanStatus::deserialize(status).is_ok());
-        if !readable {
-            drop_field(&mut object, &[], "status");
-        }
-        object
+        spec_and_readable_status::<crate::NodeProxyPlanStatus>(object)
     }
 }
 
@@ -227,15 +220,21 @@ impl Projection for crate::NodeProxyPlan {
 /// cannot read (a newer controller's) is dropped rather than refusing the plan.
 impl Projection for crate::ServiceProxyPlan {
     fn project(object: Value) -> Value {
-        let mut object = keep_fields_and_meta(object, &["spec", "status"], &[]);
-        let readable = object
-            .get("status")
-            .is_none_or(|status| crate::ServiceProxyPlanStatus::deserialize(status).is_ok());
-        if !readable {
-            drop_field(&mut object, &[], "status");
-        }
-        object
+        spec_and_readable_status::<crate::ServiceProxyPlanStatus>(object)
     }
+}
+
+/// A plan's metadata, spec and status, without a status that does not decode as `S`
+/// (another version's).
+fn spec_and_readable_status<S: serde::de::DeserializeOwned>(object: Value) -> Value {
+    let mut object = keep_fields_and_meta(object, &["spec", "status"], &[]);
+    let readable = object
+        .get("status")
+        .is_none_or(|status| S::deserialize(status).is_ok());
+    if !readable {
+        drop_field(&mut object, &[], "status");
+    }
+    object
 }
 
 /// The controller reads a Service's spec and its load-balancer ingress; status

@@ -18,6 +18,12 @@
 //! `ROLLOUT_REPORT` (the agents' `--rollout-report-interval`, s, 10), `ROLLOUT_SLOW_AFTER`
 //! (the controller's `--rollout-slow-after`, s, 15).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "the shared bench helpers fail loudly; this bench's own code does not unwrap"
+)]
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
@@ -29,12 +35,8 @@ use proxyplan_controller::run::rollout::{Rollouts, StatusWrites};
 use proxyplan_crds::{NodeProxyPlanStatus, stable_hash};
 use tokio::time::Instant;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::{env_or, quantile};
 
 /// A deterministic number in `0..n` from `seed`.
 fn pick(seed: u64, n: u64) -> u64 {
@@ -286,20 +288,6 @@ impl Sim {
     }
 }
 
-fn quantile(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
-
 /// Writes per second: mean, and the busiest second.
 fn rates(times: &[f64], from: f64, seconds: f64) -> (f64, f64) {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -361,12 +349,12 @@ fn main() {
         return;
     }
     #[allow(clippy::cast_possible_truncation)]
-    let nodes = env_or("ROLLOUT_NODES", 5000) as usize;
-    let rate = env_or("ROLLOUT_RATE", 20).max(1);
-    let seconds = env_or("ROLLOUT_SECONDS", 120);
-    let services = env_or("ROLLOUT_SERVICES", 10_000);
-    let report = Duration::from_secs(env_or("ROLLOUT_REPORT", 10));
-    let slow_after = Duration::from_secs(env_or("ROLLOUT_SLOW_AFTER", 15));
+    let nodes = env_or("ROLLOUT_NODES", 5000_u64) as usize;
+    let rate = env_or("ROLLOUT_RATE", 20_u64).max(1);
+    let seconds = env_or("ROLLOUT_SECONDS", 120_u64);
+    let services = env_or("ROLLOUT_SERVICES", 10_000_u64);
+    let report = Duration::from_secs(env_or("ROLLOUT_REPORT", 10_u64));
+    let slow_after = Duration::from_secs(env_or("ROLLOUT_SLOW_AFTER", 15_u64));
     let started = std::time::Instant::now();
     let mut rows = Vec::new();
     for (mode, writes) in [

@@ -1099,16 +1099,6 @@ impl Faults {
     }
 
     async fn rollout_checks(&mut self, pid_b: &str) -> Result<(), String> {
-        let writes = async |faults: &Self| {
-            let mut total = 0.0;
-            for i in 0..faults.controllers.len() {
-                total += faults
-                    .controller_metric(i, "proxyplan_controller_rollout_status_writes_total")
-                    .await
-                    .unwrap_or(0.0);
-            }
-            total
-        };
         let metric_sum = async |faults: &Self, series: &str| {
             let mut total = 0.0;
             for i in 0..faults.controllers.len() {
@@ -1117,6 +1107,8 @@ impl Faults {
             total
         };
         let timed = "proxyplan_controller_rollout_duration_seconds_count";
+        let status_writes = "proxyplan_controller_rollout_status_writes_total";
+        let writes = async |faults: &Self| metric_sum(faults, status_writes).await;
         let before = writes(self).await;
         // Both agents report: the controller sees every node take the change, and writes
         // nothing (by default only lagging rollouts are written).

@@ -508,18 +508,17 @@ impl Tracer<'_> {
                     else {
                         // No element for this slot: that share of new connections is
                         // not translated by this rule.
-                        let mut missed = state.clone();
-                        missed
-                            .steps
-                            .push(format!("{map}: no element for slot {slot} of {modulus}"));
-                        out.push((missed, Flow::Next));
+                        out.push(passed_on(
+                            &state,
+                            format!("{map}: no element for slot {slot} of {modulus}"),
+                        ));
                         continue;
                     };
                     let Some((addr, port)) = endpoint_of(value, self.ctx.family) else {
-                        let mut odd = state.clone();
-                        odd.steps
-                            .push(format!("{map}: slot {slot} holds no endpoint it can read"));
-                        out.push((odd, Flow::Next));
+                        out.push(passed_on(
+                            &state,
+                            format!("{map}: slot {slot} holds no endpoint it can read"),
+                        ));
                         continue;
                     };
                     let mut next = state.clone();
@@ -538,11 +537,10 @@ impl Tracer<'_> {
                         .get(map)
                         .and_then(|s| s.records.verdict(&key))
                     else {
-                        let mut missed = state.clone();
-                        missed
-                            .steps
-                            .push(format!("{map}: no element for slot {slot} of {modulus}"));
-                        out.push((missed, Flow::Next));
+                        out.push(passed_on(
+                            &state,
+                            format!("{map}: no element for slot {slot} of {modulus}"),
+                        ));
                         continue;
                     };
                     out.extend(self.verdict(&verdict, state.clone(), depth)?);
@@ -575,6 +573,13 @@ impl Tracer<'_> {
                 .collect(),
         })
     }
+}
+
+/// A copy of `state` that the rule's lookup failed for (`why`): the next rule runs.
+fn passed_on(state: &State, why: String) -> (State, Flow) {
+    let mut next = state.clone();
+    next.steps.push(why);
+    (next, Flow::Next)
 }
 
 /// DNAT: the packet's destination from here on.
