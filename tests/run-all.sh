@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== setup"
+df -h . | awk 'NR == 2 { print "disk: " $4 " free where this runs (a clean run writes about 5 GB into target/)" }'
 bash tests/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -26,7 +27,8 @@ status=0
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
 # The traffic suite runs in iptables mode above; nftables mode runs natively too.
 echo "== cargo test: the traffic suite in nftables mode"
-PROXYPLAN_TEST_MODE=nftables cargo test --locked -p proxyplan-agent --test traffic \
+# (--workspace, not -p: the same feature set as above, so nothing is built twice.)
+PROXYPLAN_TEST_MODE=nftables cargo test --locked --workspace --test traffic \
     -- --skip legacy_backend 2>&1 | tee -a "$log" || status=$?
 # The ipvs mode needs a kernel with IPVS: the traffic suite (in ipvs mode) and the ipvs
 # kernel tests run inside the throwaway VM of ../shared/vm (one boot per test binary).
@@ -43,7 +45,7 @@ else
     python_in_vm="--bin $py --file $py:/opt/vm/bin/python3 --share /usr/lib/$(basename "$py")"
     VM_EXTRA_TOOLS="$(command -v socat) $(command -v ss)" \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs $python_in_vm --timeout 1200 --runner" \
-        cargo test --locked -p proxyplan-agent --test traffic --test ipvs_kernel \
+        cargo test --locked --workspace --test traffic --test ipvs_kernel \
         -- --include-ignored --skip legacy_backend --test-threads 2 2>&1 | tee -a "$log" || status=$?
 fi
 # A real three-node cluster (../shared/k8s/cluster.sh): the images built from the
