@@ -30,8 +30,9 @@ echo "== cargo test: the traffic suite in nftables mode"
 # (--workspace, not -p: the same feature set as above, so nothing is built twice.)
 PROXYPLAN_TEST_MODE=nftables cargo test --locked --workspace --test traffic \
     -- --skip legacy_backend 2>&1 | tee -a "$log" || status=$?
-# The ipvs mode needs a kernel with IPVS: the traffic suite (in ipvs mode) and the ipvs
-# kernel tests run inside the throwaway VM of ../shared/vm (one boot per test binary).
+# The ipvs mode needs a kernel with IPVS: the traffic suite (in ipvs mode), the ipvs
+# kernel tests and `explain` in ipvs mode run inside the throwaway VM of ../shared/vm (one
+# boot per test binary; the checkout is shared, for the binaries and examples they run).
 echo "== cargo test in the VM (ipvs mode)"
 vm=${PROXYPLAN_VM:-../shared/vm/run-in-vm.sh}
 if [ ! -x "$vm" ]; then
@@ -44,8 +45,8 @@ else
     py=$(readlink -f /usr/bin/python3)
     python_in_vm="--bin $py --file $py:/opt/vm/bin/python3 --share /usr/lib/$(basename "$py")"
     VM_EXTRA_TOOLS="$(command -v socat) $(command -v ss)" \
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs $python_in_vm --timeout 1200 --runner" \
-        cargo test --locked --workspace --test traffic --test ipvs_kernel \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$vm --env PROXYPLAN_TEST_MODE=ipvs $python_in_vm --share $PWD --timeout 1200 --runner" \
+        cargo test --locked --workspace --test traffic --test ipvs_kernel --test explain_cli \
         -- --include-ignored --skip legacy_backend --test-threads 2 2>&1 | tee -a "$log" || status=$?
 fi
 # A real three-node cluster (../shared/k8s/cluster.sh): the images built from the

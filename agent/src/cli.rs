@@ -1081,7 +1081,7 @@ fn kernel_view(
     let traced = match mode {
         ProxyMode::Iptables => Some(trace_live(args, merged, explanation)),
         ProxyMode::Nftables => Some(trace_live_nftables(render, merged, explanation)),
-        ProxyMode::Ipvs => None,
+        ProxyMode::Ipvs => Some(trace_live_ipvs(args, merged, explanation)),
     };
     match traced {
         Some(Ok(traced)) => view.traced = Some(traced),
@@ -1178,15 +1178,13 @@ fn agrees(
     }
 }
 
-/// iptables mode: the packet traced through the live rules.
-fn trace_live(
+/// The live rules of the explained packet's family, as `iptables-save` (or
+/// `ip6tables-save`) of the agent's backend prints them.
+fn iptables_save(
     args: &DataplaneArgs,
-    merged: &proxyplan_crds::MergedPlan,
     explanation: &proxyplan_agent::explain::Explanation,
-) -> Result<proxyplan_agent::explain::Traced, String> {
-    use proxyplan_agent::explain::Traced;
+) -> Result<String, String> {
     use proxyplan_agent::kernel::iptables::{Backend, Tool};
-    use proxyplan_agent::modes::iptables::trace::{self, Packet};
     let runner = CommandRunner::new();
     let choice = match args.iptables_backend {
         IptablesBackend::Auto => BackendChoice::Auto,
@@ -1202,36 +1200,85 @@ fn trace_live(
     let out = runner
         .run(&save, &[], None)
         .map_err(|e| format!("{save}: {e}"))?;
-    let rules = trace::live_rules(&out.stdout);
+    Ok(out.stdout)
+}
+
+/// The explained flow as the iptables tracer's packet.
+fn iptables_packet(
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> proxyplan_agent::modes::iptables::trace::Packet {
     let flow = &explanation.flow;
-    let mut packet = Packet::new(flow.source, flow.destination, flow.protocol, flow.port);
+    let packet = proxyplan_agent::modes::iptables::trace::Packet::new(
+        flow.source,
+        flow.destination,
+        flow.protocol,
+        flow.port,
+    );
     if flow.from_host {
-        packet = packet.host_originated();
+        packet.host_originated()
+    } else {
+        packet
     }
-    let result = trace::trace(&rules, &merged.addresses, &packet)
-        .map_err(|e| format!("tracing the live rules: {e}"))?;
+}
+
+/// What `explain` prints of an iptables or ipvs mode trace.
+fn traced(
+    result: &proxyplan_agent::modes::iptables::trace::TraceResult,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> proxyplan_agent::explain::Traced {
+    use proxyplan_agent::modes::iptables::trace::Verdict;
     let verdict = match result.verdict {
-        trace::Verdict::Accept => "accept",
-        trace::Verdict::Reject => "reject",
-        trace::Verdict::Drop => "drop",
+        Verdict::Accept => "accept",
+        Verdict::Reject => "reject",
+        Verdict::Drop => "drop",
     };
     let endpoints: Vec<String> = result.endpoints.iter().cloned().collect();
     let reached: std::collections::BTreeMap<String, bool> = endpoints
         .iter()
         .map(|e| (e.clone(), result.masquerade_to(e).unwrap_or(false)))
         .collect();
-    let agrees_with_plan = agrees(explanation, verdict, &reached);
-    Ok(Traced {
+    proxyplan_agent::explain::Traced {
         verdict: verdict.to_owned(),
+        agrees_with_plan: agrees(explanation, verdict, &reached),
         endpoints,
         masquerade: result.masquerade,
-        agrees_with_plan,
         rules: result
             .paths
             .first()
             .map(|p| p.rules.clone())
             .unwrap_or_default(),
-    })
+    }
+}
+
+/// iptables mode: the packet traced through the live rules.
+fn trace_live(
+    args: &DataplaneArgs,
+    merged: &proxyplan_crds::MergedPlan,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> Result<proxyplan_agent::explain::Traced, String> {
+    use proxyplan_agent::modes::iptables::trace;
+    let rules = trace::live_rules(&iptables_save(args, explanation)?);
+    let result = trace::trace(&rules, &merged.addresses, &iptables_packet(explanation))
+        .map_err(|e| format!("tracing the live rules: {e}"))?;
+    Ok(traced(&result, explanation))
+}
+
+/// ipvs mode: the packet traced through the live rules, ipsets and IPVS.
+fn trace_live_ipvs(
+    args: &DataplaneArgs,
+    merged: &proxyplan_crds::MergedPlan,
+    explanation: &proxyplan_agent::explain::Explanation,
+) -> Result<proxyplan_agent::explain::Traced, String> {
+    let save = iptables_save(args, explanation)?;
+    let mut kernel = NetlinkKernel::new();
+    let result = proxyplan_agent::modes::ipvs::trace::trace_live(
+        &mut kernel,
+        &save,
+        &merged.addresses,
+        &iptables_packet(explanation),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(traced(&result, explanation))
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {

@@ -9,7 +9,8 @@
 //!   one of the node's addresses;
 //! - **which endpoints** it can reach, each with its probability, from which list
 //!   (cluster, this node's zone, local), whether Local policy short-circuits pod and host
-//!   traffic to the cluster endpoints, and session affinity;
+//!   traffic to the cluster endpoints (not in ipvs mode, as in kube-proxy's), and session
+//!   affinity;
 //! - **masquerade**, and why (masquerade-all, an off-cluster source to a cluster IP,
 //!   Cluster policy on external traffic, host traffic to a Local Service's external
 //!   address, hairpin);
@@ -19,8 +20,9 @@
 //!
 //! The kernel side ([`KernelView`]) is filled by the caller: the mode found on the node,
 //! whether a sync of this plan would change anything (a dry run against the live
-//! kernel: the tamper check's own comparison), and in iptables and nftables modes the
-//! live rules' trace of the same packet.
+//! kernel: the tamper check's own comparison), and the live kernel's trace of the same
+//! packet: nftables mode's live table, iptables mode's live rules, ipvs mode's live
+//! rules with its live ipsets and IPVS.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -154,14 +156,13 @@ pub struct KernelView {
     pub differences: Vec<String>,
     /// How many changes a sync would make in all.
     pub changes: usize,
-    /// iptables and nftables modes: the live rules' verdict for this packet.
+    /// The live kernel's verdict for this packet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traced: Option<Traced>,
     /// Why the kernel could not be read, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// iptables and nftables modes: why the live rules could not be traced, if they
-    /// could not.
+    /// Why the live kernel could not be traced, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_error: Option<String>,
 }
@@ -169,8 +170,9 @@ pub struct KernelView {
 /// Differences listed at most.
 pub const MAX_DIFFERENCES: usize = 40;
 
-/// The live rules' verdict for the packet (iptables mode's tracer over
-/// `iptables-save`; nftables mode's over the live table, see
+/// The live kernel's verdict for the packet (iptables mode's tracer over
+/// `iptables-save`; ipvs mode's over the same with the live ipsets and IPVS, see
+/// [`crate::modes::ipvs::trace`]; nftables mode's over the live table, see
 /// [`crate::modes::nftables::trace`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -384,7 +386,11 @@ pub fn explain(plan: &MergedPlan, flow: &Flow, mode: &str) -> Explanation {
         }
     }
 
-    let short_circuit = !internal
+    // ipvs mode has no short circuit (as kube-proxy's): the virtual servers of external
+    // addresses hold the Local policy's endpoints whoever sends.
+    let ipvs = mode == "ipvs";
+    let short_circuit = !ipvs
+        && !internal
         && traffic.policy == TrafficPolicy::Local
         && !entry.cluster_endpoints.is_empty()
         && (pod || flow.from_host);
@@ -452,7 +458,7 @@ pub fn explain(plan: &MergedPlan, flow: &Flow, mode: &str) -> Explanation {
                 .to_owned(),
         );
     }
-    if short_circuit && flow.from_host && m.local_host_to_external {
+    if (short_circuit || ipvs) && !internal && flow.from_host && m.local_host_to_external {
         masquerade_reasons.push(
             "the node itself sends to an external address of a Local-policy Service".to_owned(),
         );
@@ -468,6 +474,13 @@ pub fn explain(plan: &MergedPlan, flow: &Flow, mode: &str) -> Explanation {
             _ => "the Service has no usable endpoint (none ready, none serving)".to_owned(),
         };
         match traffic.when_empty {
+            proxyplan_crds::EmptyAction::Drop if ipvs && flow.from_host => Verdict::Reject {
+                reason: format!(
+                    "{reason}; in ipvs mode the node's own connection meets the virtual \
+                     server before any filter, and IPVS, with no real server, answers port \
+                     unreachable"
+                ),
+            },
             proxyplan_crds::EmptyAction::Reject => Verdict::Reject { reason },
             proxyplan_crds::EmptyAction::Drop => Verdict::Drop { reason },
         }

@@ -1,10 +1,12 @@
 //! `proxyplan-agent explain` with the real binary in a throwaway network namespace, in
-//! iptables and nftables modes: the plan of `examples/cluster.yaml`'s node-a programmed
-//! by `apply`, then the README's broken examples explained (no endpoints, Local policy
-//! without a local endpoint, an unknown port), the kernel found to agree, and after
-//! tampering (a Service's map element deleted, its chain flushed) found to differ,
-//! naming what a sync would put back. (That each verdict is what real packets show is
-//! checked by the traffic suite, `traffic.rs`, in every mode.)
+//! iptables and nftables modes, and in ipvs mode when run in the VM
+//! (`PROXYPLAN_TEST_MODE=ipvs`, as `tests/run-all.sh` does): the plan of
+//! `examples/cluster.yaml`'s node-a programmed by `apply`, then the README's broken
+//! examples explained (no endpoints, Local policy without a local endpoint, an unknown
+//! port), the kernel found to agree, and after tampering (a Service's map element or set
+//! entry deleted, its chain flushed) found to differ, naming what a sync would put back.
+//! (That each verdict is what real packets show is checked by the traffic suite,
+//! `traffic.rs`, in every mode.)
 //!
 //! Without root the test prints a SKIPPED line and passes.
 
@@ -101,9 +103,17 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
     plan_file(&plan);
     // No running agent: explain renders with the defaults.
     let state = dir.join("no-agent");
-    for mode in ["iptables", "nftables"] {
+    let modes: &[&str] = if std::env::var("PROXYPLAN_TEST_MODE").as_deref() == Ok("ipvs") {
+        &["ipvs"]
+    } else {
+        &["iptables", "nftables"]
+    };
+    for &mode in modes {
         let ns = Netns::new(&format!("explain-{mode}"));
         let ns = ns.0.as_str();
+        // The node's address, on which ipvs mode finds its node-port addresses.
+        run(ns, "ip", &["link", "set", "lo", "up"]);
+        run(ns, "ip", &["addr", "add", "10.10.0.1/32", "dev", "lo"]);
         let applied = run(
             ns,
             AGENT,
@@ -161,10 +171,10 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
             "Local policy and no endpoint on this node (1 elsewhere)"
         );
         let x = explain(ns, &plan, &state, "10.244.1.5", "10.96.0.10:81");
-        let unknown = if mode == "nftables" {
-            "reject"
-        } else {
+        let unknown = if mode == "iptables" {
             "notProxied"
+        } else {
+            "reject"
         };
         assert_eq!(x["verdict"]["action"], unknown, "{x:#}");
         assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], true, "{x:#}");
@@ -178,7 +188,13 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
         }
 
         // Tampered: web's dispatch taken away by hand.
-        if mode == "nftables" {
+        if mode == "ipvs" {
+            run(
+                ns,
+                "ipset",
+                &["del", "PROXYPLAN-VIP-PORT", "10.96.0.10,tcp:80"],
+            );
+        } else if mode == "nftables" {
             run(
                 ns,
                 "nft",
@@ -208,18 +224,20 @@ fn explain_names_the_fate_and_whether_the_kernel_agrees_in_each_mode() {
         assert_eq!(x["kernel"]["agrees"], false, "{x:#}");
         assert!(x["kernel"]["changes"].as_u64().unwrap() >= 1, "{x:#}");
         let differences = x["kernel"]["differences"].to_string();
-        let named = if mode == "nftables" {
-            "10.96.0.10 . tcp . 80"
-        } else {
-            "demo/web:http/TCP/IPv4"
+        let named = match mode {
+            "nftables" => "10.96.0.10 . tcp . 80",
+            "ipvs" => "PROXYPLAN-VIP-PORT 10.96.0.10,tcp:80",
+            _ => "demo/web:http/TCP/IPv4",
         };
         assert!(differences.contains(named), "{x:#}");
         assert_eq!(x["kernel"]["traced"]["agreesWithPlan"], false, "{x:#}");
         assert_eq!(x["kernel"]["traced"]["endpoints"], json!([]), "{x:#}");
-        if mode == "nftables" {
-            // Without its element, web's cluster IP is a known address on an unknown
-            // port: the live table rejects it.
+        if mode != "iptables" {
+            // Without its element (entry), web's cluster IP is a known address on an
+            // unknown port: the live table (the VIP filter) rejects it.
             assert_eq!(x["kernel"]["traced"]["verdict"], "reject", "{x:#}");
+        }
+        if mode == "nftables" {
             // A chain someone changed is named, not traced through.
             run(
                 ns,

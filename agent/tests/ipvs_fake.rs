@@ -602,3 +602,209 @@ fn mh_flag_and_timeouts() {
             .any(|l| l.starts_with("set timeouts"))
     );
 }
+
+/// `explain`'s live trace in ipvs mode, over what a sync left in the fakes (the rules
+/// as `iptables-save` prints them, the sets and the virtual servers): every verdict is
+/// the plan's, and a real server draining at weight 0 or removed by hand is not reached.
+#[test]
+fn the_live_trace_follows_rules_sets_and_ipvs_as_the_plan_says() {
+    use proxyplan_agent::explain::{Flow, Verdict as Planned, explain};
+    use proxyplan_agent::kernel::Family;
+    use proxyplan_agent::modes::iptables::trace::{Packet, Verdict};
+    use proxyplan_agent::modes::ipvs::trace::trace_live;
+    use std::collections::BTreeMap;
+
+    let web = node_port(
+        service(
+            "web",
+            "10.96.0.10",
+            80,
+            &["10.244.1.10:8080", "10.244.1.11:8080"],
+        ),
+        30080,
+    );
+    let mut empty = service("empty", "10.96.0.40", 80, &[]);
+    empty.internal.when_empty = EmptyAction::Reject;
+    let mut lb = service("lb", "10.96.0.20", 443, &["10.244.2.10:8443"]);
+    lb.load_balancer_ips = vec![LoadBalancerIp {
+        ip: "203.0.113.7".into(),
+        mode: LoadBalancerIpMode::VIP,
+    }];
+    lb.load_balancer_source_ranges = vec!["192.0.2.0/24".into()];
+    lb.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Cluster,
+        when_empty: EmptyAction::Reject,
+    });
+    lb.masquerade.external = true;
+    let mut local = node_port(
+        service("local", "10.96.0.30", 80, &["10.244.2.11:8080"]),
+        30081,
+    );
+    local.external = Some(TrafficPlan {
+        policy: TrafficPolicy::Local,
+        when_empty: EmptyAction::Drop,
+    });
+    local.masquerade.external = false;
+    let full = plan(vec![web, empty.clone(), lb.clone(), local.clone()]);
+    let mut dp = dataplane(IpvsSettings {
+        termination_grace: Duration::from_secs(3600),
+        ..IpvsSettings::default()
+    });
+    dp.sync(&full, false).unwrap();
+
+    // (source, destination, port) -> the trace's verdict and endpoints with masquerade.
+    let trace = |dp: &mut IpvsDataplane<FakeIpvsKernel, Tools>, from: &str, to: &str, port| {
+        let save = format!(
+            "{}{}",
+            dp.runner().save(Family::V4, "nat"),
+            dp.runner().save(Family::V4, "filter")
+        );
+        let packet = Packet::new(ip(from), ip(to), proxyplan_crds::Protocol::TCP, port);
+        let result = trace_live(dp.kernel_mut(), &save, &[], &packet).unwrap();
+        let reached: BTreeMap<String, bool> = result
+            .endpoints
+            .iter()
+            .map(|e| (e.clone(), result.masquerade_to(e).unwrap()))
+            .collect();
+        (result, reached)
+    };
+    // (source, destination, port, verdict, endpoints reached with their masquerade)
+    type Case<'a> = (&'a str, &'a str, u16, Verdict, &'a [(&'a str, bool)]);
+    let cases: [Case<'_>; 9] = [
+        // A pod to a cluster IP: both endpoints, not masqueraded.
+        (
+            "10.244.3.5",
+            "10.96.0.10",
+            80,
+            Verdict::Accept,
+            &[("10.244.1.10:8080", false), ("10.244.1.11:8080", false)],
+        ),
+        // From outside the cluster: masqueraded.
+        (
+            "192.168.7.7",
+            "10.96.0.10",
+            80,
+            Verdict::Accept,
+            &[("10.244.1.10:8080", true), ("10.244.1.11:8080", true)],
+        ),
+        // Hairpin: masqueraded only on the way back to itself.
+        (
+            "10.244.1.10",
+            "10.96.0.10",
+            80,
+            Verdict::Accept,
+            &[("10.244.1.10:8080", true), ("10.244.1.11:8080", false)],
+        ),
+        // A node port from outside: masqueraded (Cluster policy).
+        (
+            "192.168.7.7",
+            NODE,
+            30080,
+            Verdict::Accept,
+            &[("10.244.1.10:8080", true), ("10.244.1.11:8080", true)],
+        ),
+        // No endpoints: IPVS has no real server and answers port unreachable.
+        ("10.244.3.5", "10.96.0.40", 80, Verdict::Reject, &[]),
+        // A port no Service has on a VIP: the VIP filter rejects it.
+        ("10.244.3.5", "10.96.0.10", 81, Verdict::Reject, &[]),
+        // Local policy without a local endpoint: dropped.
+        ("192.168.7.7", NODE, 30081, Verdict::Drop, &[]),
+        // Source ranges: outside them dropped, inside them served.
+        ("198.51.100.9", "203.0.113.7", 443, Verdict::Drop, &[]),
+        (
+            "192.0.2.9",
+            "203.0.113.7",
+            443,
+            Verdict::Accept,
+            &[("10.244.2.10:8443", true)],
+        ),
+    ];
+    for (from, to, port, verdict, endpoints) in cases {
+        let (result, reached) = trace(&mut dp, from, to, port);
+        let want: BTreeMap<String, bool> = endpoints
+            .iter()
+            .map(|(e, m)| ((*e).to_owned(), *m))
+            .collect();
+        assert_eq!(
+            (result.verdict, &reached),
+            (verdict, &want),
+            "{from} -> {to}:{port}:\n{result}"
+        );
+        // The plan says the same.
+        let flow = Flow {
+            source: ip(from),
+            destination: ip(to),
+            port,
+            protocol: proxyplan_crds::Protocol::TCP,
+            from_host: false,
+            interface: None,
+        };
+        let planned = explain(&full, &flow, "ipvs");
+        let same = match (&planned.verdict, verdict) {
+            (Planned::Dnat { endpoints, .. }, Verdict::Accept) => {
+                endpoints
+                    .iter()
+                    .map(|r| (r.endpoint.clone(), r.masquerade))
+                    .collect::<BTreeMap<_, _>>()
+                    == want
+            }
+            (Planned::Reject { .. }, Verdict::Reject) | (Planned::Drop { .. }, Verdict::Drop) => {
+                true
+            }
+            _ => false,
+        };
+        assert!(
+            same,
+            "{from} -> {to}:{port}: plan {planned:?}, trace\n{result}"
+        );
+    }
+    // The trace names IPVS's choice.
+    let (result, _) = trace(&mut dp, "10.244.3.5", "10.96.0.10", 80);
+    assert!(
+        result.paths[0]
+            .rules
+            .iter()
+            .any(|r| r == "ipvs TCP 10.96.0.10:80: rr -> 10.244.1.10:8080 weight 1/2"),
+        "{result}"
+    );
+
+    // An endpoint leaves while a connection is on it: its TCP real server drains at
+    // weight 0 and takes nothing new.
+    dp.kernel_mut().set_connections(
+        (IPPROTO_TCP, ip("10.96.0.10"), 80),
+        (ip("10.244.1.11"), 8080),
+        1,
+    );
+    let fewer_web = node_port(
+        service("web", "10.96.0.10", 80, &["10.244.1.10:8080"]),
+        30080,
+    );
+    let fewer = plan(vec![fewer_web, empty, lb, local]);
+    dp.sync(&fewer, false).unwrap();
+    let held = &dp.kernel().services[&(IPPROTO_TCP, ip("10.96.0.10"), 80)].1;
+    assert_eq!(held.len(), 2, "the removed real server drains");
+    let (_, reached) = trace(&mut dp, "10.244.3.5", "10.96.0.10", 80);
+    assert_eq!(
+        reached.keys().collect::<Vec<_>>(),
+        ["10.244.1.10:8080"],
+        "weight 0 takes no new connection"
+    );
+
+    // Someone removes the last real server by hand: the live trace says reject, which
+    // the plan does not.
+    dp.kernel_mut()
+        .services
+        .get_mut(&(IPPROTO_TCP, ip("10.96.0.10"), 80))
+        .unwrap()
+        .1
+        .clear();
+    let (result, _) = trace(&mut dp, "10.244.3.5", "10.96.0.10", 80);
+    assert_eq!(result.verdict, Verdict::Reject, "{result}");
+    assert!(
+        result.paths[0]
+            .rules
+            .iter()
+            .any(|r| r.contains("no real server")),
+        "{result}"
+    );
+}

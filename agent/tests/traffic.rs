@@ -200,9 +200,7 @@ fn assert_explained(
         | (Showed::Untouched, Verdict::NotProxied { .. }) => {}
         _ => panic!("real packets and explain disagree; {what}"),
     }
-    if traffic_support::mode_under_test() == ProxyMode::Nftables {
-        assert_traced(lab, plan, &flow, from, showed);
-    }
+    assert_traced(lab, plan, &flow, from, showed);
 }
 
 /// The endpoints real packets reached (`ip:port`), each with whether its backend saw
@@ -229,8 +227,10 @@ fn reached_by_packets(
     real
 }
 
-/// nftables mode: the live table's trace of the same connection (what `explain` prints
-/// as `kernel trace:`) is what the real packets showed too.
+/// The live kernel's trace of the same connection (what `explain` prints as `kernel
+/// trace:`), in the mode under test, is what the real packets showed too: nftables mode
+/// through the live table, iptables mode through the live rules, ipvs mode through the
+/// live rules, ipsets and IPVS.
 fn assert_traced(
     lab: &Lab,
     plan: &MergedPlan,
@@ -238,33 +238,93 @@ fn assert_traced(
     from: &From<'_>,
     showed: &Showed<'_>,
 ) {
-    use proxyplan_agent::kernel::nftables::NetlinkNft;
-    use proxyplan_agent::modes::nftables::NftablesSettings;
-    use proxyplan_agent::modes::nftables::trace::{Final, Packet, trace_live};
-    let node = lab.ns("node");
-    let mut kernel = NetlinkNft::in_netns(&node).expect("netlink in the node");
-    let packet = Packet {
-        source: flow.source,
-        destination: flow.destination,
-        protocol: match flow.protocol {
-            proxyplan_crds::Protocol::TCP => 6,
-            proxyplan_crds::Protocol::UDP => 17,
-            proxyplan_crds::Protocol::SCTP => 132,
-        },
-        port: flow.port,
-        from_host: flow.from_host,
-        interface: None,
+    use proxyplan_agent::kernel::iptables::Tool;
+    use proxyplan_agent::modes::iptables::trace as ipt;
+    let family = if flow.destination.is_ipv4() {
+        Family::V4
+    } else {
+        Family::V6
     };
-    let trace = trace_live(&mut kernel, plan, &NftablesSettings::default(), &packet)
-        .unwrap_or_else(|e| panic!("tracing {packet:?} through the live table: {e}"));
+    let node = lab.ns("node");
+    let iptables_packet = || {
+        let packet = ipt::Packet::new(flow.source, flow.destination, flow.protocol, flow.port);
+        if flow.from_host {
+            packet.host_originated()
+        } else {
+            packet
+        }
+    };
+    let iptables_result = |result: ipt::TraceResult| {
+        let verdict = match result.verdict {
+            ipt::Verdict::Accept => "accept",
+            ipt::Verdict::Reject => "reject",
+            ipt::Verdict::Drop => "drop",
+        };
+        let reached: BTreeMap<String, bool> = result
+            .endpoints
+            .iter()
+            .map(|e| (e.clone(), result.masquerade_to(e).unwrap_or(false)))
+            .collect();
+        (verdict, reached, result.to_string())
+    };
+    let (verdict, reached, trace) = match traffic_support::mode_under_test() {
+        ProxyMode::Nftables => {
+            use proxyplan_agent::kernel::nftables::NetlinkNft;
+            use proxyplan_agent::modes::nftables::NftablesSettings;
+            use proxyplan_agent::modes::nftables::trace::{Final, Packet, trace_live};
+            let mut kernel = NetlinkNft::in_netns(&node).expect("netlink in the node");
+            let packet = Packet {
+                source: flow.source,
+                destination: flow.destination,
+                protocol: match flow.protocol {
+                    proxyplan_crds::Protocol::TCP => 6,
+                    proxyplan_crds::Protocol::UDP => 17,
+                    proxyplan_crds::Protocol::SCTP => 132,
+                },
+                port: flow.port,
+                from_host: flow.from_host,
+                interface: None,
+            };
+            let trace = trace_live(&mut kernel, plan, &NftablesSettings::default(), &packet)
+                .unwrap_or_else(|e| panic!("tracing {packet:?} through the live table: {e}"));
+            let verdict = match trace.verdict() {
+                Final::Accept => "accept",
+                Final::Reject => "reject",
+                Final::Drop => "drop",
+            };
+            (verdict, trace.endpoints(), format!("{trace:?}"))
+        }
+        ProxyMode::Iptables => {
+            let save = lab.exec("node", &[&Backend::Nft.binary(family, Tool::Save)]);
+            let rules = ipt::live_rules(&save);
+            let result = ipt::trace(&rules, &plan.addresses, &iptables_packet())
+                .unwrap_or_else(|e| panic!("tracing {flow:?} through the live rules: {e}"));
+            iptables_result(result)
+        }
+        ProxyMode::Ipvs => {
+            use proxyplan_agent::kernel::ipvs::NetlinkKernel;
+            let save = lab.exec("node", &[&Backend::Nft.binary(family, Tool::Save)]);
+            let mut kernel = NetlinkKernel::in_netns(&node).expect("netlink in the node");
+            let result = proxyplan_agent::modes::ipvs::trace::trace_live(
+                &mut kernel,
+                &save,
+                &plan.addresses,
+                &iptables_packet(),
+            )
+            .unwrap_or_else(|e| panic!("tracing {flow:?} through the live kernel: {e}"));
+            iptables_result(result)
+        }
+    };
     let what = format!(
-        "the live trace of {} -> {}:{}: {:?}",
-        flow.source, flow.destination, flow.port, trace
+        "the live trace of {} -> {}:{} ({} mode): {trace}",
+        flow.source,
+        flow.destination,
+        flow.port,
+        traffic_support::mode_under_test().as_str()
     );
-    let reached = trace.endpoints();
     match showed {
         Showed::Served(seen) => {
-            assert_eq!(trace.verdict(), Final::Accept, "{what}");
+            assert_eq!(verdict, "accept", "{what}");
             let real = reached_by_packets(lab, seen, flow);
             assert_eq!(
                 reached.keys().collect::<Vec<_>>(),
@@ -275,10 +335,10 @@ fn assert_traced(
                 assert_eq!(reached, real, "masquerade per endpoint; {what}");
             }
         }
-        Showed::Refused => assert_eq!(trace.verdict(), Final::Reject, "{what}"),
-        Showed::Dropped => assert_eq!(trace.verdict(), Final::Drop, "{what}"),
+        Showed::Refused => assert_eq!(verdict, "reject", "{what}"),
+        Showed::Dropped => assert_eq!(verdict, "drop", "{what}"),
         Showed::Untouched => {
-            assert_eq!(trace.verdict(), Final::Accept, "{what}");
+            assert_eq!(verdict, "accept", "{what}");
             assert!(reached.is_empty(), "{what}");
         }
     }

@@ -9,6 +9,7 @@
 //! - [`dataplane`]: the sync, against a model of what the kernel holds (`model.rs`): set
 //!   changes ([`set_changes`]), VIPs, IPVS servers (`servers.rs`), the fixed rules,
 //!   removals, stale conntrack entries; and the [`sysctls`] the mode needs.
+//! - [`trace`]: a packet through the live rules, ipsets and IPVS (`explain`).
 
 pub mod dataplane;
 pub mod desired;
@@ -20,6 +21,7 @@ pub mod set_changes;
 pub mod sets;
 pub mod settings;
 pub mod sysctls;
+pub mod trace;
 
 pub use dataplane::IpvsDataplane;
 pub use settings::IpvsSettings;

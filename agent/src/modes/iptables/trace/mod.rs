@@ -20,9 +20,13 @@
 //! packet can reach. `-m recent --rcheck` matches only the lists named in
 //! [`Packet::recent`] (none for a first packet).
 //!
+//! In ipvs mode the walk also has IPVS and the ipsets ([`ipvs`]): rules match sets,
+//! and IPVS, not a DNAT rule, picks the endpoint (see [`Tracer::with_ipvs`]).
+//!
 //! [`path`] has the packet and what a trace finds, [`rules`] reads the rules, [`walk`]
 //! follows the packet through them.
 
+pub mod ipvs;
 pub mod live;
 pub mod path;
 pub mod rules;
@@ -31,6 +35,7 @@ pub mod walk;
 #[cfg(test)]
 mod tests;
 
+pub use ipvs::{IpvsStage, VirtualKey, VirtualServer};
 pub use live::live_rules;
 pub use path::{Packet, TraceError, TracePath, TraceResult, Verdict};
 pub use walk::{Tracer, trace};

@@ -112,6 +112,27 @@ pub(super) enum Match {
         states: BTreeSet<String>,
         negated: bool,
     },
+    /// `-m set [!] --match-set NAME DIRS` (ipvs mode): the packet's addresses and ports,
+    /// taken in `dirs` order, are an entry of the ipset `name`.
+    Set {
+        name: String,
+        dirs: Vec<Dir>,
+        negated: bool,
+    },
+    /// `-m ipvs --vaddr A --vproto P --vport N` (ipvs mode): IPVS took the connection,
+    /// for a virtual server that matches every option given.
+    Ipvs {
+        vaddr: Option<Cidr>,
+        vproto: Option<Protocol>,
+        vport: Option<u16>,
+    },
+}
+
+/// A direction of an ipset match: the packet's source or destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dir {
+    Src,
+    Dst,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +176,11 @@ pub(super) struct Cidr {
 }
 
 impl Cidr {
+    /// The block `network/len` (`len` as the caller checked it).
+    pub(super) fn new(network: IpAddr, len: u8) -> Self {
+        Self { network, len }
+    }
+
     pub(super) fn parse(text: &str) -> Result<Self, String> {
         let bad = || format!("bad address or CIDR {text:?}");
         let (ip, len) = match text.split_once('/') {
@@ -282,6 +308,24 @@ enum Module {
     Conntrack {
         states: Option<(BTreeSet<String>, bool)>,
     },
+    Set {
+        set: Option<(String, Vec<Dir>, bool)>,
+    },
+    Ipvs {
+        vaddr: Option<Cidr>,
+        vproto: Option<Protocol>,
+        vport: Option<u16>,
+    },
+}
+
+/// A protocol by name or, as `iptables-save` prints `--vproto`, by number.
+fn protocol_or_number(text: &str) -> Result<Protocol, String> {
+    match text {
+        "6" => Ok(Protocol::TCP),
+        "17" => Ok(Protocol::UDP),
+        "132" => Ok(Protocol::SCTP),
+        name => protocol(name),
+    }
 }
 
 impl Module {
@@ -306,6 +350,12 @@ impl Module {
             },
             "mark" => Self::Mark { mark: None },
             "conntrack" => Self::Conntrack { states: None },
+            "set" => Self::Set { set: None },
+            "ipvs" => Self::Ipvs {
+                vaddr: None,
+                vproto: None,
+                vport: None,
+            },
             other => return Err(format!("unsupported match module {other:?}")),
         })
     }
@@ -388,6 +438,34 @@ impl Module {
                 }
                 *states = Some((set, negated));
             }
+            (Self::Set { set }, "--match-set") if set.is_none() => {
+                let name = value()?;
+                let dirs = value()?
+                    .split(',')
+                    .map(|d| match d {
+                        "src" => Ok(Dir::Src),
+                        "dst" => Ok(Dir::Dst),
+                        other => Err(format!("bad set direction {other:?}")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                *set = Some((name, dirs, negated));
+            }
+            (Self::Ipvs { vaddr, .. }, "--vaddr") if !negated => {
+                *vaddr = Some(Cidr::parse(&value()?)?);
+            }
+            (Self::Ipvs { vproto, .. }, "--vproto") if !negated => {
+                *vproto = Some(protocol_or_number(&value()?)?);
+            }
+            (Self::Ipvs { vport, .. }, "--vport") if !negated => {
+                let text = value()?;
+                *vport = Some(
+                    text.parse::<u16>()
+                        .map_err(|_| format!("bad port {text:?}"))?,
+                );
+            }
+            (Self::Ipvs { .. }, "--vaddr" | "--vproto" | "--vport") => {
+                return Err(not_negatable());
+            }
             (
                 Self::Comment { .. } | Self::Statistic { .. } | Self::Recent { .. },
                 "--comment" | "--mode" | "--probability" | "--name" | "--rcheck" | "--set"
@@ -449,6 +527,28 @@ impl Module {
             Self::Conntrack { states } => {
                 let (states, negated) = states.ok_or("-m conntrack without --ctstate")?;
                 matches.push(Match::CtState { states, negated });
+            }
+            Self::Set { set } => {
+                let (name, dirs, negated) = set.ok_or("-m set without --match-set")?;
+                matches.push(Match::Set {
+                    name,
+                    dirs,
+                    negated,
+                });
+            }
+            Self::Ipvs {
+                vaddr,
+                vproto,
+                vport,
+            } => {
+                if vaddr.is_none() && vproto.is_none() && vport.is_none() {
+                    return Err("-m ipvs without --vaddr, --vproto or --vport".to_owned());
+                }
+                matches.push(Match::Ipvs {
+                    vaddr,
+                    vproto,
+                    vport,
+                });
             }
         }
         Ok(())

@@ -224,3 +224,91 @@ fn loops_are_an_error() {
     let err = trace(&looping, &[], &tcp("10.244.3.3", "10.96.0.1", 80)).unwrap_err();
     assert!(matches!(err, TraceError::TooDeep { .. }), "{err}");
 }
+
+/// ipvs mode's matches as `iptables-save` prints them: a negated set match, the `ipvs`
+/// match with a numeric protocol; a set the stage does not hold is an error naming the
+/// rule.
+#[test]
+fn ipvs_matches_read_sets_and_the_scheduled_virtual_server() {
+    use crate::kernel::ipset::{IpSet, SetEntry, SetType, Sets};
+    use std::net::SocketAddr;
+    let mut filter = TableRules {
+        base_jumps: vec![
+            BaseJump {
+                chain: "INPUT",
+                rule: "-j FW".into(),
+            },
+            BaseJump {
+                chain: "OUTPUT",
+                rule: "-j OUT".into(),
+            },
+        ],
+        chains: BTreeMap::new(),
+    };
+    filter.chains.insert(
+        "FW".into(),
+        vec![
+            "-m set --match-set LB dst,dst -m set ! --match-set ALLOWED dst,dst,src -j DROP".into(),
+        ],
+    );
+    filter.chains.insert(
+        "OUT".into(),
+        vec![
+            "-s 203.0.113.7/32 -m ipvs --vaddr 203.0.113.7/32 --vproto 6 --vport 443 -j DROP"
+                .into(),
+        ],
+    );
+    let rules = FamilyRules {
+        filter,
+        nat: TableRules::default(),
+    };
+    let lb = ip("203.0.113.7");
+    let mut sets = Sets::new();
+    let mut set = IpSet::new(SetType::HashIpPort, false);
+    set.entries.insert(SetEntry::IpPort(lb, 6, 443));
+    sets.insert("LB".into(), set);
+    let mut allowed = IpSet::new(SetType::HashIpPortNet, false);
+    allowed
+        .entries
+        .insert(SetEntry::IpPortNet(lb, 6, 443, ip("192.0.2.0"), 24));
+    sets.insert("ALLOWED".into(), allowed.clone());
+    let server = VirtualServer {
+        scheduler: "rr".into(),
+        persistence: None,
+        real_servers: vec![(SocketAddr::new(ip("10.244.2.10"), 8443), 1)],
+    };
+    let stage = IpvsStage {
+        servers: BTreeMap::from([((Protocol::TCP, lb, 443), server)]),
+        sets,
+    };
+    let tracer = Tracer::new(&rules, &[lb])
+        .unwrap()
+        .with_ipvs(stage.clone())
+        .unwrap();
+    let to_lb = |from: &str| Packet::new(ip(from), lb, Protocol::TCP, 443);
+    let inside = tracer.trace(&to_lb("192.0.2.9")).unwrap();
+    assert_eq!(inside.verdict, Verdict::Accept, "{inside}");
+    assert_eq!(
+        inside.endpoints,
+        BTreeSet::from(["10.244.2.10:8443".to_owned()])
+    );
+    let outside = tracer.trace(&to_lb("198.51.100.9")).unwrap();
+    assert_eq!(outside.verdict, Verdict::Drop, "{outside}");
+    // The node itself, from the LB IP: IPVS takes it, then the output filter's ipvs
+    // match drops it.
+    let own = tracer
+        .trace(&to_lb("203.0.113.7").host_originated())
+        .unwrap();
+    assert_eq!(own.verdict, Verdict::Drop, "{own}");
+
+    let mut missing = stage;
+    missing.sets.remove("ALLOWED");
+    let err = Tracer::new(&rules, &[lb])
+        .unwrap()
+        .with_ipvs(missing)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no ipset ALLOWED is held"),
+        "{err}"
+    );
+}

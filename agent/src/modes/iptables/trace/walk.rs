@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
+use super::ipvs::{IpvsStage, Shown, VirtualKey, set_holds};
 use super::path::{MAX_DEPTH, Packet, TraceError, TracePath, TraceResult, Verdict};
 use super::rules::{Match, Rule, Table, Target};
 use crate::ruleset::rules::{FamilyRules, TableName};
@@ -26,6 +27,8 @@ pub struct Tracer {
     nat: Table,
     filter: Table,
     local: Vec<IpAddr>,
+    /// ipvs mode: IPVS and the ipsets.
+    ipvs: Option<IpvsStage>,
 }
 
 impl Tracer {
@@ -41,7 +44,21 @@ impl Tracer {
             nat: Table::parse(TableName::Nat, &rules.nat)?,
             filter: Table::parse(TableName::Filter, &rules.filter)?,
             local: local_addresses.to_vec(),
+            ipvs: None,
         })
+    }
+
+    /// The same rules in ipvs mode: IPVS schedules connections to its virtual servers
+    /// (in `LOCAL_IN` for packets that arrive, `LOCAL_OUT` for the node's own), and set
+    /// matches read `stage`'s ipsets. The local addresses must include the VIPs.
+    ///
+    /// # Errors
+    /// When a rule matches a set `stage` does not hold, or matches it with directions its
+    /// type does not have.
+    pub fn with_ipvs(mut self, stage: IpvsStage) -> Result<Self, TraceError> {
+        stage.check([&self.nat, &self.filter])?;
+        self.ipvs = Some(stage);
+        Ok(self)
     }
 
     fn is_local(&self, ip: IpAddr) -> bool {
@@ -59,6 +76,7 @@ impl Tracer {
             port: packet.port,
             mark: 0,
             dnat: None,
+            ipvs: None,
             masquerade: false,
             recent_set: BTreeSet::new(),
             rules: Vec::new(),
@@ -78,24 +96,101 @@ impl Tracer {
                 state.destination = to.ip();
                 state.port = to.port();
             }
+            if packet.host_originated {
+                // IPVS takes the node's own connections right after nat OUTPUT.
+                for state in self.schedule(state, packet, &mut paths) {
+                    let delivered = self.is_local(state.destination);
+                    self.send(state, packet, delivered, &mut paths)?;
+                }
+                continue;
+            }
             let delivered = self.is_local(state.destination);
-            let filter_hook = match (packet.host_originated, delivered) {
-                (true, _) => "OUTPUT",
-                (false, true) => "INPUT",
-                (false, false) => "FORWARD",
-            };
+            let filter_hook = if delivered { "INPUT" } else { "FORWARD" };
             for (state, exit) in self.run_base(&self.filter, filter_hook, state, packet)? {
                 if let Some(verdict) = exit.refusal() {
                     paths.push(state.finish(verdict));
-                } else if !packet.host_originated && delivered {
-                    // Delivered to this node: no POSTROUTING, so no masquerade.
-                    paths.push(state.finish(Verdict::Accept));
+                } else if !delivered {
+                    self.postrouting(state, packet, false, &mut paths)?;
                 } else {
-                    self.postrouting(state, packet, delivered, &mut paths)?;
+                    // Delivered to this node: IPVS may take it (and send it on);
+                    // otherwise no POSTROUTING, so no masquerade.
+                    for state in self.schedule(state, packet, &mut paths) {
+                        if state.ipvs.is_none() {
+                            paths.push(state.finish(Verdict::Accept));
+                        } else {
+                            let delivered = self.is_local(state.destination);
+                            self.send(state, packet, delivered, &mut paths)?;
+                        }
+                    }
                 }
             }
         }
         Ok(TraceResult::from_paths(paths))
+    }
+
+    /// ipvs mode: IPVS's choice for a packet at `state`'s destination. One state per real
+    /// server of positive weight (destination-translated); `state` itself when no virtual
+    /// server has that address and port (or not in ipvs mode); none, with a rejected path
+    /// in `paths`, when the virtual server has no real server to take it.
+    fn schedule(
+        &self,
+        mut state: PathState,
+        packet: &Packet,
+        paths: &mut Vec<TracePath>,
+    ) -> Vec<PathState> {
+        let key: VirtualKey = (packet.protocol, state.destination, state.port);
+        let Some(server) = self.ipvs.as_ref().and_then(|i| i.servers.get(&key)) else {
+            return vec![state];
+        };
+        let persistence = server
+            .persistence
+            .map(|s| format!(", persistent {s} s"))
+            .unwrap_or_default();
+        let reachable: Vec<_> = server.real_servers.iter().filter(|(_, w)| *w > 0).collect();
+        if reachable.is_empty() {
+            state.rules.push(format!(
+                "ipvs {}: no real server of positive weight ({} held): ICMP port unreachable",
+                Shown(key),
+                server.real_servers.len()
+            ));
+            paths.push(state.finish(Verdict::Reject));
+            return Vec::new();
+        }
+        let total: u32 = reachable.iter().map(|(_, w)| *w).sum();
+        reachable
+            .into_iter()
+            .map(|(to, weight)| {
+                let mut state = state.clone();
+                state.rules.push(format!(
+                    "ipvs {}: {}{persistence} -> {to} weight {weight}/{total}",
+                    Shown(key),
+                    server.scheduler
+                ));
+                state.dnat = Some(*to);
+                state.ipvs = Some(key);
+                state.destination = to.ip();
+                state.port = to.port();
+                state
+            })
+            .collect()
+    }
+
+    /// filter OUTPUT, then nat POSTROUTING (and filter INPUT when `delivered` here).
+    fn send(
+        &self,
+        state: PathState,
+        packet: &Packet,
+        delivered: bool,
+        paths: &mut Vec<TracePath>,
+    ) -> Result<(), TraceError> {
+        for (state, exit) in self.run_base(&self.filter, "OUTPUT", state, packet)? {
+            if let Some(verdict) = exit.refusal() {
+                paths.push(state.finish(verdict));
+            } else {
+                self.postrouting(state, packet, delivered, paths)?;
+            }
+        }
+        Ok(())
     }
 
     /// nat POSTROUTING, then (host-originated packets to a local address) filter INPUT.
@@ -165,6 +260,8 @@ struct PathState {
     port: u16,
     mark: u32,
     dnat: Option<SocketAddr>,
+    /// The virtual server IPVS scheduled the packet for (ipvs mode).
+    ipvs: Option<VirtualKey>,
     masquerade: bool,
     recent_set: BTreeSet<String>,
     rules: Vec<String>,
@@ -306,6 +403,36 @@ impl Walk<'_> {
             } => (state.mark & mask == *value) != *negated,
             Match::CtState { states, negated } => states.contains("NEW") != *negated,
             Match::RecentCheck { name } => self.packet.recent.contains(name),
+            Match::Set {
+                name,
+                dirs,
+                negated,
+            } => {
+                let held = self
+                    .tracer
+                    .ipvs
+                    .as_ref()
+                    .and_then(|i| i.sets.get(name))
+                    .is_some_and(|set| {
+                        set_holds(
+                            set,
+                            dirs,
+                            (state.source, state.destination),
+                            self.packet.protocol,
+                            state.port,
+                        )
+                    });
+                held != *negated
+            }
+            Match::Ipvs {
+                vaddr,
+                vproto,
+                vport,
+            } => state.ipvs.is_some_and(|(protocol, addr, port)| {
+                vaddr.is_none_or(|c| c.contains(addr))
+                    && vproto.is_none_or(|p| p == protocol)
+                    && vport.is_none_or(|p| p == port)
+            }),
             // Handled in `evaluate`.
             Match::Random { .. } | Match::RecentSet { .. } => true,
         }
