@@ -8,6 +8,7 @@
 pub mod events;
 pub mod http;
 pub mod lease;
+pub mod retry;
 pub mod rollout;
 pub mod writer;
 
@@ -25,7 +26,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use proxyplan_crds::lenient::{Lenient, Projection};
-use proxyplan_crds::runtime::{Backoff, watch_backoff};
+use proxyplan_crds::runtime::watch_backoff;
 use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -38,13 +39,9 @@ use events::{Notice, Notices};
 use http::{Health, KindLabels, Metrics, WriteLabels};
 pub use lease::{Fence, LEASE_DURATION, LEASE_RETRY, RENEW_DEADLINE};
 use lease::{Leadership, LeaseElector};
+use retry::WriteRetry;
 use rollout::Rollouts;
 use writer::{Kind, PlanWriter, target_of};
-
-/// First wait before retrying failed writes.
-const RETRY_INITIAL: Duration = Duration::from_millis(500);
-/// Longest wait before retrying failed writes.
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Everything `run` needs.
 #[derive(Debug, Clone)]
@@ -378,8 +375,8 @@ pub struct SyncLoop {
     repairs: BTreeSet<(Kind, String)>,
     pending: bool,
     last_sync: Option<Instant>,
-    retry_at: Option<Instant>,
-    retry: Backoff,
+    /// When to write again after failed writes.
+    retry: WriteRetry,
     rollouts: Rollouts,
 }
 
@@ -409,8 +406,7 @@ impl SyncLoop {
             repairs: BTreeSet::new(),
             pending: false,
             last_sync: None,
-            retry_at: None,
-            retry: Backoff::new(RETRY_INITIAL, RETRY_MAX),
+            retry: WriteRetry::default(),
             rollouts: Rollouts::new(settings.rollout_slow_after, settings.rollout_status),
         }
     }
@@ -460,7 +456,7 @@ impl SyncLoop {
         let earliest = self
             .last_sync
             .map_or_else(Instant::now, |t| t + self.min_interval);
-        if let Some(retry) = self.retry_at {
+        if let Some(retry) = self.retry.at() {
             return Some(retry.max(earliest));
         }
         (self.pending || self.full_reconcile || !self.repairs.is_empty()).then_some(earliest)
@@ -516,6 +512,7 @@ impl SyncLoop {
                 kind: kind.to_owned(),
             })
             .inc();
+        self.retry.answered(Instant::now());
         // Our own objects' events change nothing to plan (a divergence is a repair):
         // only the cluster's objects make a sync pending.
         self.pending |= matches!(
@@ -857,12 +854,12 @@ impl SyncLoop {
             // stopped): every write would be abandoned. Ask again shortly instead of
             // computing them over and over (a full reconcile each time, a core's worth
             // of CPU while the API server comes back). Nothing is taken from the planner.
-            self.retry_at = Some(Instant::now() + FENCE_POLL);
+            self.retry.poll_at(Instant::now() + FENCE_POLL);
             return;
         }
         let started = std::time::Instant::now();
         self.pending = false;
-        self.retry_at = None;
+        self.retry.clear();
         let repairs = std::mem::take(&mut self.repairs);
         for (kind, name) in &repairs {
             if let Some(id) = self.id_of(*kind, name) {
@@ -946,14 +943,17 @@ impl SyncLoop {
             self.full_reconcile = true;
         }
         if report.errors.is_empty() {
-            self.retry.reset();
+            self.retry.succeeded();
         } else {
-            let delay = self.retry.next_delay();
+            let delay = self.retry.failed(&report.errors, Instant::now());
             for err in &report.errors {
-                error!(%err, "write failed; retrying in {:.1}s", delay.as_secs_f64());
+                error!(
+                    %err,
+                    "write failed; retrying in {:.1}s, or when the API server answers again",
+                    delay.as_secs_f64()
+                );
             }
             self.full_reconcile |= was_full;
-            self.retry_at = Some(Instant::now() + delay);
         }
         let wrote = report.applied.len() + report.deleted.len() + report.errors.len();
         if wrote > 0 || was_full {
