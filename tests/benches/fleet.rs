@@ -962,6 +962,9 @@ struct Checked {
     /// Per (agent, Service) disagreement that ended: from the write to the read that agreed.
     episodes: Vec<f64>,
     open: HashMap<(usize, usize), f64>,
+    /// The last difference seen per open (agent, Service), for a fault that does not
+    /// settle (printed once it has waited a minute).
+    open_why: HashMap<(usize, usize), String>,
     errors: Vec<String>,
 }
 
@@ -1056,6 +1059,7 @@ async fn check_node(
             if let Some(since) = checked.open.remove(&(k, s)) {
                 checked.episodes.push(read_at - since);
             }
+            checked.open_why.remove(&(k, s));
             continue;
         }
         all_agree = false;
@@ -1065,6 +1069,17 @@ async fn check_node(
         // The kernel is behind since this state was written (it agreed before, or this
         // episode started earlier).
         checked.open.entry((k, s)).or_insert(svc.written);
+        checked.open_why.insert(
+            (k, s),
+            format!(
+                "{} on {} (in flight {in_flight}, written {:.1} s before, pending {}): {}",
+                svc.name,
+                node_name(k),
+                started - svc.written,
+                svc.pending,
+                differs.join("; ")
+            ),
+        );
         if last_pass {
             checked.wrong_at_end.push(format!(
                 "{} on {}: {}",

@@ -470,6 +470,7 @@ impl Soak {
         };
         let mut worst: f64 = 0.0;
         let (mut overlapped, mut left) = (false, 0);
+        let mut told = false;
         for k in nodes {
             loop {
                 let on_node = self.disturbed.lock().unwrap().get(&k).copied().unwrap_or(0);
@@ -491,6 +492,24 @@ impl Soak {
                 if settled {
                     worst = worst.max(read - lifted).max(0.0);
                     break;
+                }
+                if now() - lifted > 60.0 && !told {
+                    // Why it does not settle: the oldest open differences on this node.
+                    told = true;
+                    let checked = self.checked.lock().unwrap();
+                    let mut open: Vec<(f64, &String)> = checked
+                        .open
+                        .iter()
+                        .filter(|((node, _), _)| *node == k)
+                        .filter_map(|(key, since)| Some((*since, checked.open_why.get(key)?)))
+                        .collect();
+                    open.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    for (since, why) in open.iter().take(3) {
+                        println!(
+                            "fleet bench: not settled 60 s after lifting, open since {:.1} s: {why}",
+                            now() - since
+                        );
+                    }
                 }
                 if now() - lifted > 300.0 {
                     return (None, overlapped, left);
