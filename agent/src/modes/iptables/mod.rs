@@ -7,7 +7,8 @@
 //!   records in `groups.rs`), and the [`cache::RenderCache`] built on it.
 //! - [`dataplane`]: the sync, one `iptables-restore --noflush` per family carrying only
 //!   the changed chains (`delta.rs` computes and streams them).
-//! - [`trace`]: a packet tracer over rendered rules, for the renderer's tests.
+//! - [`trace`]: a packet tracer over iptables rules, for the renderer's tests and
+//!   `explain` (it lives in [`crate::ruleset`], shared with ipvs mode).
 
 mod builder;
 pub mod cache;
@@ -17,7 +18,7 @@ mod entry;
 mod groups;
 pub mod render;
 pub mod settings;
-pub mod trace;
+pub use crate::ruleset::trace;
 
 pub use dataplane::IptablesDataplane;
 pub use render::render;

@@ -9,7 +9,7 @@ use proxyplan_crds::Protocol;
 
 use crate::kernel::error::DataplaneError;
 use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, IpvsKernel};
-use crate::modes::iptables::trace::{
+use crate::ruleset::trace::{
     IpvsStage, Packet, TraceError, TraceResult, Tracer, VirtualServer, live_rules,
 };
 
