@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== setup"
-df -h . | awk 'NR == 2 { print "disk: " $4 " free where this runs (a clean run writes about 5 GB into target/)" }'
+df -h . | awk 'NR == 2 { print "disk: " $4 " free where this runs (a clean run writes about 2.5 GB into target/)" }'
 bash tests/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1104,7 +1104,7 @@ fn trace_live_nftables(
     let packet = Packet {
         source: flow.source,
         destination: flow.destination,
-        protocol: protocol_number(flow.protocol),
+        protocol: flow.protocol.number(),
         port: flow.port,
         from_host: flow.from_host,
         interface: flow.interface.clone(),
@@ -1137,14 +1137,6 @@ fn nftables_settings(render: &RenderSettings) -> NftablesSettings {
             .collect(),
         nodeport_primary: render.nodeport_primary,
         drop_invalid: render.drop_invalid,
-    }
-}
-
-fn protocol_number(protocol: proxyplan_crds::Protocol) -> u8 {
-    match protocol {
-        proxyplan_crds::Protocol::TCP => 6,
-        proxyplan_crds::Protocol::UDP => 17,
-        proxyplan_crds::Protocol::SCTP => 132,
     }
 }
 
@@ -1226,21 +1218,11 @@ fn traced(
     result: &proxyplan_agent::modes::iptables::trace::TraceResult,
     explanation: &proxyplan_agent::explain::Explanation,
 ) -> proxyplan_agent::explain::Traced {
-    use proxyplan_agent::modes::iptables::trace::Verdict;
-    let verdict = match result.verdict {
-        Verdict::Accept => "accept",
-        Verdict::Reject => "reject",
-        Verdict::Drop => "drop",
-    };
-    let endpoints: Vec<String> = result.endpoints.iter().cloned().collect();
-    let reached: std::collections::BTreeMap<String, bool> = endpoints
-        .iter()
-        .map(|e| (e.clone(), result.masquerade_to(e).unwrap_or(false)))
-        .collect();
+    let verdict = result.verdict.as_str();
     proxyplan_agent::explain::Traced {
         verdict: verdict.to_owned(),
-        agrees_with_plan: agrees(explanation, verdict, &reached),
-        endpoints,
+        agrees_with_plan: agrees(explanation, verdict, &result.reached()),
+        endpoints: result.endpoints.iter().cloned().collect(),
         masquerade: result.masquerade,
         rules: result
             .paths

@@ -661,11 +661,7 @@ fn the_live_trace_follows_rules_sets_and_ipvs_as_the_plan_says() {
         );
         let packet = Packet::new(ip(from), ip(to), proxyplan_crds::Protocol::TCP, port);
         let result = trace_live(dp.kernel_mut(), &save, &[], &packet).unwrap();
-        let reached: BTreeMap<String, bool> = result
-            .endpoints
-            .iter()
-            .map(|e| (e.clone(), result.masquerade_to(e).unwrap()))
-            .collect();
+        let reached = result.reached();
         (result, reached)
     };
     // (source, destination, port, verdict, endpoints reached with their masquerade)

@@ -255,44 +255,33 @@ fn assert_traced(
         }
     };
     let iptables_result = |result: ipt::TraceResult| {
-        let verdict = match result.verdict {
-            ipt::Verdict::Accept => "accept",
-            ipt::Verdict::Reject => "reject",
-            ipt::Verdict::Drop => "drop",
-        };
-        let reached: BTreeMap<String, bool> = result
-            .endpoints
-            .iter()
-            .map(|e| (e.clone(), result.masquerade_to(e).unwrap_or(false)))
-            .collect();
-        (verdict, reached, result.to_string())
+        (
+            result.verdict.as_str(),
+            result.reached(),
+            result.to_string(),
+        )
     };
     let (verdict, reached, trace) = match traffic_support::mode_under_test() {
         ProxyMode::Nftables => {
             use proxyplan_agent::kernel::nftables::NetlinkNft;
             use proxyplan_agent::modes::nftables::NftablesSettings;
-            use proxyplan_agent::modes::nftables::trace::{Final, Packet, trace_live};
+            use proxyplan_agent::modes::nftables::trace::{Packet, trace_live};
             let mut kernel = NetlinkNft::in_netns(&node).expect("netlink in the node");
             let packet = Packet {
                 source: flow.source,
                 destination: flow.destination,
-                protocol: match flow.protocol {
-                    proxyplan_crds::Protocol::TCP => 6,
-                    proxyplan_crds::Protocol::UDP => 17,
-                    proxyplan_crds::Protocol::SCTP => 132,
-                },
+                protocol: flow.protocol.number(),
                 port: flow.port,
                 from_host: flow.from_host,
                 interface: None,
             };
             let trace = trace_live(&mut kernel, plan, &NftablesSettings::default(), &packet)
                 .unwrap_or_else(|e| panic!("tracing {packet:?} through the live table: {e}"));
-            let verdict = match trace.verdict() {
-                Final::Accept => "accept",
-                Final::Reject => "reject",
-                Final::Drop => "drop",
-            };
-            (verdict, trace.endpoints(), format!("{trace:?}"))
+            (
+                trace.verdict().as_str(),
+                trace.endpoints(),
+                format!("{trace:?}"),
+            )
         }
         ProxyMode::Iptables => {
             let save = lab.exec("node", &[&Backend::Nft.binary(family, Tool::Save)]);

@@ -549,6 +549,18 @@ pub enum Protocol {
     SCTP,
 }
 
+impl Protocol {
+    /// The IP protocol number (`IPPROTO_*`): 6, 17 or 132.
+    #[must_use]
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::TCP => 6,
+            Self::UDP => 17,
+            Self::SCTP => 132,
+        }
+    }
+}
+
 /// A load-balancer ingress IP.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -22,7 +22,7 @@ use super::rules::{self, rules};
 use super::sets::{Role, SetId};
 use super::settings::IpvsSettings;
 use crate::kernel::ipset::{IpSet, SetEntry, Sets};
-use crate::kernel::ipvs::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, protocol_name, socket_text};
+use crate::kernel::ipvs::{protocol_name, socket_text};
 use crate::ruleset::rules::Ruleset;
 
 /// A virtual server's identity.
@@ -83,20 +83,12 @@ impl IpvsState {
 /// The IPVS protocol number of a plan protocol.
 #[must_use]
 pub fn ipproto(p: Protocol) -> u16 {
-    match p {
-        Protocol::TCP => IPPROTO_TCP,
-        Protocol::UDP => IPPROTO_UDP,
-        Protocol::SCTP => IPPROTO_SCTP,
-    }
+    u16::from(p.number())
 }
 
 /// The `IPPROTO_*` number of a plan protocol, as set entries hold it.
 fn proto_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::TCP => 6,
-        Protocol::UDP => 17,
-        Protocol::SCTP => 132,
-    }
+    p.number()
 }
 
 /// What the node itself adds to every entry: its node-port addresses, its local

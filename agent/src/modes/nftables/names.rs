@@ -69,11 +69,7 @@ pub fn proto_word(proto: u8) -> &'static str {
 /// The protocol number of a plan's protocol.
 #[must_use]
 pub fn proto_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::TCP => 6,
-        Protocol::UDP => 17,
-        Protocol::SCTP => 132,
-    }
+    p.number()
 }
 
 /// `ip . port . slot : endpoint`: the endpoints behind each service address.

@@ -107,11 +107,7 @@ pub(super) fn set_holds(
         Dir::Src => source,
         Dir::Dst => destination,
     };
-    let proto = match protocol {
-        Protocol::TCP => 6,
-        Protocol::UDP => 17,
-        Protocol::SCTP => 132,
-    };
+    let proto = protocol.number();
     match (set.spec.kind, dirs) {
         (SetType::HashIp, [a]) => set.entries.contains(&SetEntry::Ip(ip(a))),
         (SetType::BitmapPort, [_]) => set.entries.contains(&SetEntry::Port(port)),

@@ -1,7 +1,7 @@
 //! What a trace is about and what it finds: the packet, the paths it can take with their
 //! verdicts, and why rules cannot be traced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -97,6 +97,18 @@ pub enum Verdict {
     Drop,
 }
 
+impl Verdict {
+    /// `accept`, `reject` or `drop`, as `explain` prints it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accept => "accept",
+            Self::Reject => "reject",
+            Self::Drop => "drop",
+        }
+    }
+}
+
 /// One way through the rules (each random-balancing branch is its own path).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TracePath {
@@ -155,6 +167,15 @@ impl TraceResult {
         self.paths
             .windows(2)
             .all(|w| w[0].verdict == w[1].verdict && w[0].masquerade == w[1].masquerade)
+    }
+
+    /// Every endpoint an accepted path reaches, with whether that path is masqueraded.
+    #[must_use]
+    pub fn reached(&self) -> BTreeMap<String, bool> {
+        self.endpoints
+            .iter()
+            .map(|e| (e.clone(), self.masquerade_to(e).unwrap_or(false)))
+            .collect()
     }
 
     /// The masquerade decision of the path to `endpoint`, if one reaches it.
