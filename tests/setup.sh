@@ -19,12 +19,13 @@ if command -v rustup >/dev/null; then
     done
 fi
 
-# command:package. iptables brings iptables-nft and iptables-legacy; etcd, openssl and
+# command:package. iptables brings iptables-nft and iptables-legacy; faketime brings the
+# library the fault suite steps one agent's wall clock with; etcd, openssl and
 # xz are the control plane's (control-plane.sh would install them too, but one apt run
 # is faster than two).
 wanted=(iptables:iptables ipset:ipset conntrack:conntrack ip:iproute2 ss:iproute2
     curl:curl socat:socat etcd:etcd-server openssl:openssl xz:xz-utils python3:python3
-    nft:nftables)
+    nft:nftables faketime:faketime)
 missing=()
 for pair in "${wanted[@]}"; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")

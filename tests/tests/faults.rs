@@ -34,13 +34,14 @@ use proxyplan_tests::e2e::report::{Args, Counts, failures_section, result_line, 
 use harness::Faults;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "agent_restart_keeps_the_rules_and_changes_nothing",
     "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks",
     "odd_objects_never_stall_a_watch",
     "hand_edits_are_repaired_even_when_they_keep_the_revision",
     "changes_flow_within_5s_after_an_api_server_outage",
     "changes_flow_within_15s_after_a_partition_from_the_api_server",
+    "clock_steps_on_the_agent_change_nothing",
     "a_killed_leader_is_replaced_within_the_lease_duration",
     "a_stalled_leader_writes_nothing_after_losing_the_lease",
     "refused_objects_get_warning_events",
@@ -110,6 +111,7 @@ async fn scenario(faults: &mut Faults, name: &str) -> Result<(), String> {
         "hand_edits_are_repaired_even_when_they_keep_the_revision" => faults.hand_edits().await,
         "changes_flow_within_5s_after_an_api_server_outage" => faults.outage().await,
         "changes_flow_within_15s_after_a_partition_from_the_api_server" => faults.partition().await,
+        "clock_steps_on_the_agent_change_nothing" => faults.clock_steps().await,
         "a_killed_leader_is_replaced_within_the_lease_duration" => faults.leader_killed().await,
         "a_stalled_leader_writes_nothing_after_losing_the_lease" => faults.leader_stalled().await,
         "refused_objects_get_warning_events" => faults.warning_events().await,

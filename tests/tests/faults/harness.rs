@@ -95,7 +95,15 @@ pub struct Faults {
     pub report: Report,
     /// Revision of the `web` slice's endpoint list, to make each change new.
     pub generation: u32,
+    /// The agent's wall clock, when it runs under libfaketime: the file that holds its
+    /// offset (`+1h`, `-10m`, `+0`), read at every read of the wall clock (libfaketime's
+    /// cache would miss a step back until the stepped clock passed its expiry).
+    pub agent_clock: Option<PathBuf>,
 }
+
+/// Where Debian's `faketime` package puts the library that shifts one process's wall
+/// clock (`CLOCK_REALTIME` only: the monotonic clock, as in a real NTP step, is left).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 impl Faults {
     /// Starts the control plane, installs the CRDs, creates the namespace and the node,
@@ -138,6 +146,7 @@ impl Faults {
             agent: None,
             report: Report::default(),
             generation: 0,
+            agent_clock: None,
         };
         faults.create_base().await?;
         faults.start_controller("a", "200ms").await?;
@@ -359,8 +368,15 @@ impl Faults {
         }
         let agent = self.agent.as_mut().ok_or("no agent")?;
         let mut command = Command::new("ip");
+        command.args(["netns", "exec", &agent.netns]);
+        if let Some(clock) = &self.agent_clock {
+            command
+                .arg("env")
+                .arg(format!("LD_PRELOAD={LIBFAKETIME}"))
+                .arg(format!("FAKETIME_TIMESTAMP_FILE={}", clock.display()))
+                .args(["FAKETIME_NO_CACHE=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"]);
+        }
         command
-            .args(["netns", "exec", &agent.netns])
             .arg(&self.bins.agent)
             .args(["run", "--node", NODE])
             .arg("--kubeconfig")

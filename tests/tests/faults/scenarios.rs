@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::{WAIT, wait_for};
-use crate::harness::{Faults, MANAGER, NODE, slice_object};
+use crate::harness::{Faults, LIBFAKETIME, MANAGER, NODE, slice_object};
 use crate::procs;
 
 /// The second node of the rollout scenario.
@@ -96,15 +96,7 @@ impl Faults {
         let started = Instant::now();
         self.start_agent().await?;
         let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
-        let synced = wait_for("the restarted agent's first sync", WAIT, async || {
-            let text = get_in(&netns, 10249, "/metrics");
-            match metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") {
-                Some(n) if n >= 1.0 => Ok(()),
-                other => Err(format!("sync count {other:?}")),
-            }
-        })
-        .await;
-        synced.map_err(|e| format!("{e}\n{}", self.agent_log_tail()))?;
+        self.first_sync(&netns).await?;
         let took = started.elapsed();
         let after = nat_rules_stable(&netns);
         if after != before {
@@ -697,6 +689,154 @@ impl Faults {
             ));
         }
         Ok(())
+    }
+
+    /// Restarts the agent (SIGKILL, then started again with or without libfaketime, as
+    /// `self.agent_clock` says) and waits for its first sync.
+    async fn restart_agent(&mut self) -> Result<(), String> {
+        let netns = self.netns()?;
+        let agent = self.agent.as_mut().ok_or("no agent")?;
+        if let Some(mut process) = agent.process.take() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+        self.start_agent().await?;
+        self.first_sync(&netns).await
+    }
+
+    /// Waits for a (re)started agent's first sync.
+    async fn first_sync(&self, netns: &str) -> Result<(), String> {
+        let synced = wait_for("the restarted agent's first sync", WAIT, async || {
+            let text = get_in(netns, 10249, "/metrics");
+            match metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") {
+                Some(n) if n >= 1.0 => Ok(()),
+                other => Err(format!("sync count {other:?}")),
+            }
+        })
+        .await;
+        synced.map_err(|e| format!("{e}\n{}", self.agent_log_tail()))
+    }
+
+    /// The agent's wall clock is stepped, as an NTP step or a resumed VM does it: an hour
+    /// forward, ten minutes back, then back to true time (libfaketime shifts
+    /// `CLOCK_REALTIME` in the agent alone; its monotonic clock runs on, as in a real
+    /// step). After each step an endpoint changes: it reaches the kernel within seconds,
+    /// `/livez` stays 200, Ready stays True, and the node's rollout mark reaches the
+    /// Service plan's write (the status is still written). The agent's own `/livez`
+    /// `currentTime` shows each step, so the step is known to have happened.
+    pub async fn clock_steps(&mut self) -> Result<(), String> {
+        if !std::path::Path::new(LIBFAKETIME).exists() {
+            return Err(format!(
+                "{LIBFAKETIME} is missing: install Debian's faketime package (tests/setup.sh does)"
+            ));
+        }
+        let clock = self.workdir.join("agent-clock");
+        // Written whole, then renamed into place: the agent never reads half a step.
+        let set = |offset: &str| {
+            let next = clock.with_extension("next");
+            std::fs::write(&next, offset)
+                .and_then(|()| std::fs::rename(&next, &clock))
+                .map_err(|e| format!("{}: {e}", clock.display()))
+        };
+        set("+0")?;
+        self.agent_clock = Some(clock.clone());
+        let outcome = self.clock_steps_under_faketime(&set).await;
+        // The agent runs on true time again for the scenarios after this one.
+        self.agent_clock = None;
+        let restarted = self.restart_agent().await;
+        let worst = outcome?;
+        restarted?;
+        self.report.add(
+            "clock steps",
+            "the agent's wall clock stepped +1 h, -10 min, -50 min (libfaketime); an \
+             endpoint changed after each",
+            &format!(
+                "every change in the kernel within {} of its write; /livez 200, Ready True \
+                 and the rollout mark written after every step",
+                secs(worst)
+            ),
+        );
+        Ok(())
+    }
+
+    async fn clock_steps_under_faketime(
+        &mut self,
+        set: &impl Fn(&str) -> Result<(), String>,
+    ) -> Result<Duration, String> {
+        self.restart_agent().await?;
+        let netns = self.netns()?;
+        let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
+        let mut worst = Duration::ZERO;
+        for (offset, seconds) in [("+1h", 3_600_i64), ("+50m", 3_000), ("+0", 0)] {
+            set(offset)?;
+            // (libfaketime reads the file at the agent's next read of its wall clock.)
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let livez = get_in(&netns, port, "/livez");
+            if !livez.starts_with("HTTP/1.0 200") && !livez.starts_with("HTTP/1.1 200") {
+                return Err(format!(
+                    "/livez after stepping the clock to {offset}: {livez}"
+                ));
+            }
+            let shown = livez
+                .split("\"currentTime\":\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .ok_or_else(|| format!("no currentTime in /livez: {livez}"))?;
+            let skew = shown.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
+            if (skew - seconds).abs() > 30 {
+                return Err(format!(
+                    "the agent's clock is {skew} s off true time, not {seconds} s: the step \
+                     did not take"
+                ));
+            }
+            let target = self.add_web_endpoint().await?;
+            let took = self
+                .time_until_kernel_has(&target, Duration::from_secs(30))
+                .await?;
+            worst = worst.max(took);
+            let written = self
+                .service_plans()
+                .get("web")
+                .await
+                .map_err(|e| format!("ServiceProxyPlan web: {e}"))?
+                .resource_version()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or("ServiceProxyPlan web has no resourceVersion")?;
+            wait_for(
+                "the node's rollout mark to reach web's plan",
+                WAIT,
+                async || {
+                    let plan = self
+                        .node_plans()
+                        .get(NODE)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let mark = plan
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.programmed_resource_version.as_deref())
+                        .and_then(|v| v.parse::<u64>().ok());
+                    match mark {
+                        Some(m) if m >= written => Ok(()),
+                        other => Err(format!("mark {other:?}, web written at {written}")),
+                    }
+                },
+            )
+            .await
+            .map_err(|e| format!("clock at {offset}: {e}\n{}", self.agent_log_tail()))?;
+            match self.node_ready().await? {
+                Some((status, _, _)) if status == "True" => {}
+                other => return Err(format!("clock at {offset}: Ready is {other:?}")),
+            }
+        }
+        if worst > Duration::from_secs(5) {
+            return Err(format!(
+                "a change took {} to reach the kernel after a clock step (budget 5 s)",
+                secs(worst)
+            ));
+        }
+        Ok(worst)
     }
 
     /// The leader is killed: the other replica takes the Lease and writes within the
