@@ -17,7 +17,8 @@
 //! nf_tables' announcements in every node's namespace timestamps each new endpoint
 //! address the moment a commit adds it. A change's fleet latency runs from just before
 //! its EndpointSlice PATCH is sent to the last node whose semantics include the new
-//! endpoint (its zone's hints decide) showing it. The per-node checker (proxyplan only) reads every agent's table with
+//! endpoint (its zone's hints decide) showing it. A write the API server refused (a
+//! soak's outages) is timed from the attempt it took; the wait is reported apart. The per-node checker (proxyplan only) reads every agent's table with
 //! `nft -j` over and over, models it independently of the agent
 //! (`proxyplan_tests::nft_model`), and compares each Service with what kube-proxy's
 //! semantics give on that node: ready endpoints, else serving terminating ones; zone hints
@@ -181,9 +182,29 @@ struct Fleet {
     rng: Rng,
     /// A soak: topology and policy change too.
     soak: bool,
+    /// Per Service, its last `HISTORY` acknowledged states and when each was
+    /// acknowledged: a fault is over once every node it touched holds, for every Service,
+    /// the state acknowledged before the fault was lifted or a newer one.
+    history: Vec<std::collections::VecDeque<(f64, Svc)>>,
 }
 
+/// How many acknowledged states of each Service [`Fleet::history`] keeps.
+const HISTORY: usize = 64;
+
 impl Fleet {
+    /// Service `s`'s state, as it is now, acknowledged by the API server at `at`.
+    fn acked(&mut self, s: usize, at: f64) {
+        self.services[s].written = at;
+        if self.history.len() <= s {
+            self.history.resize_with(s + 1, Default::default);
+        }
+        let history = &mut self.history[s];
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        history.push_back((at, self.services[s].clone()));
+    }
+
     fn zone_of(&self, node: usize) -> usize {
         node % self.zones
     }
@@ -350,9 +371,11 @@ fn report_soak(
     behind_disturbed: usize,
 ) {
     let mut rows = vec![(
-        "fault: injected (alone / overlapping another on its nodes); every node it touched \
-         back to its semantics after it was lifted: alone p99 / max, overlapping max; never \
-         (needed a human); probe failures during it"
+        "fault: injected (alone / overlapping another on its nodes); after it was lifted, \
+         every node it touched recovered (nothing from before the lift left): alone p99 / \
+         max, overlapping max; every such node at every Service's newest state at once: \
+         alone p99 / max, overlapping max; never recovered within 300 s (needed a human); \
+         probe failures during it"
             .to_owned(),
         String::new(),
     )];
@@ -367,6 +390,16 @@ fn report_soak(
             .iter()
             .filter(|f| f.overlapped)
             .filter_map(|f| f.recovered)
+            .collect();
+        let mut settled: Vec<f64> = of_kind
+            .iter()
+            .filter(|f| !f.overlapped)
+            .map(|f| f.settled.unwrap_or(f64::INFINITY))
+            .collect();
+        let mut settled_overlapping: Vec<f64> = of_kind
+            .iter()
+            .filter(|f| f.overlapped)
+            .map(|f| f.settled.unwrap_or(f64::INFINITY))
             .collect();
         let alone = of_kind.iter().filter(|f| !f.overlapped).count();
         let never = of_kind.iter().filter(|f| f.recovered.is_none()).count();
@@ -385,12 +418,16 @@ fn report_soak(
         rows.push((
             format!("  {kind}"),
             format!(
-                "{} ({alone} / {}); {:.2} / {:.2} s, {:.2} s; {never}; {failures}",
+                "{} ({alone} / {}); {:.2} / {:.2} s, {:.2} s; {:.1} / {:.1} s, {:.1} s; {never}; \
+                 {failures}",
                 of_kind.len(),
                 of_kind.len() - alone,
                 quantile(&mut times.clone(), 0.99),
                 quantile(&mut times, 1.0),
-                quantile(&mut overlapping, 1.0)
+                quantile(&mut overlapping, 1.0),
+                quantile(&mut settled.clone(), 0.99),
+                quantile(&mut settled, 1.0),
+                quantile(&mut settled_overlapping, 1.0)
             ),
         ));
     }
@@ -431,7 +468,8 @@ fn report_soak(
     }
     for f in log {
         println!(
-            "fleet bench: fault {} {:?} at {:.1}: {}; lifted after {:.1} s; recovered {}{}{}",
+            "fleet bench: fault {} {:?} at {:.1}: {}; lifted after {:.1} s; recovered {}; \
+             newest state everywhere {}{}{}",
             f.kind,
             f.scope,
             f.injected,
@@ -439,6 +477,8 @@ fn report_soak(
             f.lifted - f.injected,
             f.recovered
                 .map_or("never".to_owned(), |r| format!("{r:.2} s later")),
+            f.settled
+                .map_or("not within 300 s".to_owned(), |r| format!("{r:.2} s later")),
             if f.overlapped { "; overlapped" } else { "" },
             if f.left_to_others > 0 {
                 format!("; {} nodes left to other faults", f.left_to_others)
@@ -688,7 +728,7 @@ async fn create_service(
     svc.vip = vip;
     svc.exists = true;
     svc.pending = false;
-    svc.written = now();
+    fleet.acked(i, now());
 }
 
 /// A burst Service `i` deleted with its slices.
@@ -719,7 +759,7 @@ async fn delete_service(
     let svc = &mut fleet.services[i];
     svc.endpoints.clear();
     svc.pending = false;
-    svc.written = now();
+    fleet.acked(i, now());
 }
 
 /// The process id a pid file names (0 when unreadable).
@@ -850,11 +890,15 @@ fn node_name(n: usize) -> String {
     format!("fleet-node-{n:04}")
 }
 
-/// One measured change: when its PATCH was sent, and for each node that must show a new
-/// address, that address.
+/// One measured change: when the PATCH the API server took was sent, and for each node
+/// that must show a new address, that address.
 struct Change {
     service: usize,
+    /// When the attempt the API server took left (the first attempt until one succeeds).
     sent: f64,
+    /// How long before that the first attempt left: a soak's writes wait for the API
+    /// server or etcd to come back, which is the outage's time, not the proxy's.
+    waited: f64,
     /// (agent, address) pairs whose first appearance in that agent's kernel ends it.
     expected: Vec<(usize, u32)>,
 }
@@ -968,9 +1012,58 @@ struct Checked {
     errors: Vec<String>,
 }
 
-/// Reads agent `k`'s table and compares it with the fleet's semantics for that node.
-/// Returns whether every Service agreed, and whether every Service not in flight did (a
-/// write not yet acknowledged, or acknowledged less than `IN_FLIGHT` before the read).
+/// What one read of a node found.
+#[derive(Debug, Clone, Copy)]
+struct NodeRead {
+    /// Every Service agreed with its newest state.
+    agreed: bool,
+    /// Every Service not in flight agreed (in flight: a write not yet acknowledged, or
+    /// acknowledged less than `IN_FLIGHT` before the read).
+    settled: bool,
+    /// For every Service the kernel held the state acknowledged last before `since` (a
+    /// fault's lift) or a newer one: the node has nothing left from before that moment,
+    /// whatever the churn wrote after it.
+    caught_up: bool,
+}
+
+/// How the kernel's view of Service `svc` differs from its semantics on node `k` (empty:
+/// it agrees).
+fn differences(
+    fleet: &Fleet,
+    svc: &Svc,
+    k: usize,
+    view: &nft_model::TableView,
+    live_vips: &std::collections::HashSet<Ipv4Addr>,
+) -> Vec<String> {
+    let mut differs = Vec::new();
+    if svc.exists {
+        let want = fleet.cluster_expected(svc, k);
+        let got = view.services.get(&(svc.vip, Proto::Tcp, 80));
+        if got != Some(&want) {
+            differs.push(format!("cluster IP: kernel {got:?}, semantics {want:?}"));
+        }
+    } else if svc.vip != Ipv4Addr::UNSPECIFIED && !live_vips.contains(&svc.vip) {
+        // Deleted (its address not given to another Service since): nothing there.
+        if let Some(got) = view.services.get(&(svc.vip, Proto::Tcp, 80)) {
+            differs.push(format!("deleted, the kernel still has {got:?}"));
+        }
+    }
+    if svc.exists && svc.kind == Kind::Local {
+        let want = if svc.external_local {
+            fleet.local_expected(svc, k)
+        } else {
+            fleet.cluster_expected(svc, k)
+        };
+        let got = view.node_ports.get(&(Proto::Tcp, svc.node_port));
+        if got != Some(&want) {
+            differs.push(format!("node port: kernel {got:?}, semantics {want:?}"));
+        }
+    }
+    differs
+}
+
+/// Reads agent `k`'s table and compares it with the fleet's semantics for that node
+/// (see [`NodeRead`]; `since`: a fault's lift, for `caught_up`).
 async fn check_node(
     k: usize,
     netns: &str,
@@ -978,7 +1071,13 @@ async fn check_node(
     checked: &Mutex<Checked>,
     last_pass: bool,
     must_agree: Option<usize>,
-) -> (bool, bool) {
+    since: Option<f64>,
+) -> NodeRead {
+    let failed = NodeRead {
+        agreed: false,
+        settled: false,
+        caught_up: false,
+    };
     let started = now();
     let output = tokio::process::Command::new("ip")
         .args([
@@ -1004,7 +1103,7 @@ async fn check_node(
                 Ok(view) => view,
                 Err(e) => {
                     checked.errors.push(format!("node {k}: {e}"));
-                    return (false, false);
+                    return failed;
                 }
             }
         }
@@ -1013,16 +1112,16 @@ async fn check_node(
                 "node {k}: nft: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
-            return (false, false);
+            return failed;
         }
         Err(e) => {
             checked.errors.push(format!("node {k}: nft: {e}"));
-            return (false, false);
+            return failed;
         }
     };
     let fleet = fleet.lock().unwrap();
     let disturbed = faults::Soak::is_disturbed(&checked.disturbed, k);
-    let (mut all_agree, mut settled) = (true, true);
+    let (mut all_agree, mut settled, mut caught_up) = (true, true, true);
     let live_vips: std::collections::HashSet<Ipv4Addr> = fleet
         .services
         .iter()
@@ -1030,30 +1129,7 @@ async fn check_node(
         .map(|s| s.vip)
         .collect();
     for (s, svc) in fleet.services.iter().enumerate() {
-        let mut differs = Vec::new();
-        if svc.exists {
-            let want = fleet.cluster_expected(svc, k);
-            let got = view.services.get(&(svc.vip, Proto::Tcp, 80));
-            if got != Some(&want) {
-                differs.push(format!("cluster IP: kernel {got:?}, semantics {want:?}"));
-            }
-        } else if svc.vip != Ipv4Addr::UNSPECIFIED && !live_vips.contains(&svc.vip) {
-            // Deleted (its address not given to another Service since): nothing there.
-            if let Some(got) = view.services.get(&(svc.vip, Proto::Tcp, 80)) {
-                differs.push(format!("deleted, the kernel still has {got:?}"));
-            }
-        }
-        if svc.exists && svc.kind == Kind::Local {
-            let want = if svc.external_local {
-                fleet.local_expected(svc, k)
-            } else {
-                fleet.cluster_expected(svc, k)
-            };
-            let got = view.node_ports.get(&(Proto::Tcp, svc.node_port));
-            if got != Some(&want) {
-                differs.push(format!("node port: kernel {got:?}, semantics {want:?}"));
-            }
-        }
+        let differs = differences(&fleet, svc, k, &view, &live_vips);
         checked.compared += 1;
         if differs.is_empty() {
             if let Some(since) = checked.open.remove(&(k, s)) {
@@ -1066,6 +1142,22 @@ async fn check_node(
         // (A tampered Service must agree even while a write of it is in flight.)
         let in_flight = (svc.pending || started - svc.written < IN_FLIGHT) && must_agree != Some(s);
         settled &= in_flight;
+        if let Some(since) = since
+            && caught_up
+        {
+            // The state acknowledged last before `since`, and every later one.
+            let states: Vec<&Svc> = fleet
+                .history
+                .get(s)
+                .map(|h| {
+                    let first = h.iter().rposition(|(at, _)| *at <= since).unwrap_or(0);
+                    h.iter().skip(first).map(|(_, state)| state).collect()
+                })
+                .unwrap_or_default();
+            caught_up = states
+                .iter()
+                .any(|state| differences(&fleet, state, k, &view, &live_vips).is_empty());
+        }
         // The kernel is behind since this state was written (it agreed before, or this
         // episode started earlier).
         checked.open.entry((k, s)).or_insert(svc.written);
@@ -1099,7 +1191,11 @@ async fn check_node(
             ));
         }
     }
-    (all_agree, settled)
+    NodeRead {
+        agreed: all_agree,
+        settled,
+        caught_up,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -1194,6 +1290,7 @@ async fn main() {
         next_ip: FIRST_POD,
         rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         soak,
+        history: Vec::new(),
     };
     let service_api: Api<Service> = Api::namespaced(client.clone(), NS);
     let slice_api: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
@@ -1449,6 +1546,7 @@ async fn main() {
     let mut forwarders = Vec::new();
     let mut proxies: Vec<Arc<faults::Restartable>> = Vec::new();
     let mut state_dirs = Vec::new();
+    let mut clocks = Vec::new();
     let mut metrics = Vec::new();
     let first_sync = Arc::new(Mutex::new(vec![f64::NAN; agents]));
     let started = Instant::now();
@@ -1478,6 +1576,13 @@ async fn main() {
         );
         let (state_dir, agent_log) = (workdir.join(format!("state-{k}")), agent_log.clone());
         state_dirs.push(state_dir.clone());
+        // A soak's agents run under libfaketime, at true time until a `clock-step`.
+        let clock = (soak && !kube_proxy && std::path::Path::new(faults::LIBFAKETIME).exists())
+            .then(|| workdir.join(format!("clock-{k}")));
+        if let Some(clock) = &clock {
+            faults::set_clock(clock, "+0");
+            clocks.push(clock.clone());
+        }
         let command = move || {
             let command = if kube_proxy {
                 let mut command = Command::new("ip");
@@ -1489,7 +1594,7 @@ async fn main() {
                     .args(["--hostname-override", &node_name(k), "--v", "0"]);
                 command
             } else {
-                common::agent_command(
+                let mut command = common::agent_command(
                     &agent_bin,
                     &netns_,
                     &node_name(k),
@@ -1497,7 +1602,11 @@ async fn main() {
                     &node_kubeconfig,
                     &state_dir,
                     &agent_log,
-                )
+                );
+                if let Some(clock) = &clock {
+                    faults::with_clock(&mut command, clock);
+                }
+                command
             };
             (command, log.clone())
         };
@@ -1586,6 +1695,10 @@ async fn main() {
     }
 
     // Churn, the checker, and the measurements around them.
+    for i in 0..fleet.services.len() {
+        let written = fleet.services[i].written;
+        fleet.acked(i, written);
+    }
     let fleet = Arc::new(Mutex::new(fleet));
     let changes: Arc<Mutex<Vec<Change>>> = Arc::default();
     let writes = Arc::new(AtomicU64::new(0));
@@ -1703,6 +1816,7 @@ async fn main() {
                 slice_api.clone(),
             );
             async move {
+                let mut change = None;
                 if !fresh.is_empty() {
                     let fleet = fleet.lock().unwrap();
                     let svc = &fleet.services[s];
@@ -1717,9 +1831,12 @@ async fn main() {
                         }
                     }
                     // From the moment the PATCH leaves (a burst's writes queue before).
-                    changes.lock().unwrap().push(Change {
+                    let mut changes = changes.lock().unwrap();
+                    change = Some(changes.len());
+                    changes.push(Change {
                         service: s,
                         sent: now(),
+                        waited: 0.0,
                         expected,
                     });
                 }
@@ -1729,6 +1846,7 @@ async fn main() {
                 let patch = Patch::Merge(json!({"endpoints": endpoints}));
                 let attempts = if soak { 1_200 } else { 5 };
                 for attempt in 1.. {
+                    let left = now();
                     match slice_api
                         .patch(
                             &format!("svc-{s:05}-fleet"),
@@ -1737,7 +1855,14 @@ async fn main() {
                         )
                         .await
                     {
-                        Ok(_) => break,
+                        Ok(_) => {
+                            if let Some(c) = change.filter(|_| attempt > 1) {
+                                let change = &mut changes.lock().unwrap()[c];
+                                change.waited = left - change.sent;
+                                change.sent = left;
+                            }
+                            break;
+                        }
                         Err(e) if attempt < attempts => {
                             if !soak {
                                 println!("fleet bench: slice write failed, sent again: {e}");
@@ -1751,7 +1876,7 @@ async fn main() {
                 {
                     let mut fleet = fleet.lock().unwrap();
                     fleet.services[s].pending = false;
-                    fleet.services[s].written = now();
+                    fleet.acked(s, now());
                 }
                 writes.fetch_add(1, Ordering::Relaxed);
             }
@@ -1923,7 +2048,7 @@ async fn main() {
                     let svc = &mut fleet.services[s];
                     svc.busy = false;
                     svc.pending = false;
-                    svc.written = now();
+                    fleet.acked(s, now());
                 }
                 if round.is_multiple_of(3) {
                     let (agents, nodes, zones) = {
@@ -2021,7 +2146,10 @@ async fn main() {
                     // A node that disagrees is read again until it agrees (a change in
                     // flight lands within the second; anything longer is reported).
                     for _ in 0..20 {
-                        if check_node(k, netns, &fleet, &checked, false, None).await.0 {
+                        if check_node(k, netns, &fleet, &checked, false, None, None)
+                            .await
+                            .agreed
+                        {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -2041,6 +2169,7 @@ async fn main() {
             controllers: controllers.clone(),
             netnses: netnses.clone(),
             state_dirs: state_dirs.clone(),
+            clocks: clocks.clone(),
             plane: plane.clone(),
             client: client.clone(),
             namespace: NS.to_owned(),
@@ -2058,7 +2187,14 @@ async fn main() {
     let kinds: Vec<&'static str> = faults::KINDS
         .into_iter()
         .filter(|k| only.is_empty() || only.split(',').any(|o| o.trim() == *k))
+        .filter(|k| *k != "clock-step" || !clocks.is_empty())
         .collect();
+    if soak && clocks.is_empty() {
+        println!(
+            "fleet bench: SKIPPED clock-step faults: {} is missing (apt-get install faketime)",
+            faults::LIBFAKETIME
+        );
+    }
     assert!(
         !kinds.is_empty(),
         "FLEET_FAULT_KINDS={only}: none of {:?}",
@@ -2160,7 +2296,7 @@ async fn main() {
     // A last pass of the checker over every node, once everything is quiet.
     if !kube_proxy {
         for (k, netns) in netnses.iter().enumerate() {
-            check_node(k, netns, &fleet, &checked, true, None).await;
+            check_node(k, netns, &fleet, &checked, true, None, None).await;
         }
     }
 
@@ -2177,6 +2313,12 @@ async fn main() {
     // soak's partitions make endpoints come and go unseen by a node that was cut off,
     // which is right).
     let mut never_lost = 0;
+    // Writes the API server did not take at the first attempt, and how long they waited.
+    let mut waited: Vec<f64> = changes
+        .iter()
+        .filter(|c| c.waited > 0.0)
+        .map(|c| c.waited * 1e3)
+        .collect();
     for change in changes.iter() {
         let mut worst: f64 = 0.0;
         for (k, ip) in &change.expected {
@@ -2268,6 +2410,17 @@ async fn main() {
                 "last-node latency, slice PATCH sent -> kernel (median / p90 / p99 / max of {timed})"
             ),
             ms(&mut last_node),
+        ),
+        (
+            format!(
+                "  writes the API server took only after retries: {} (their wait, excluded above)",
+                waited.len()
+            ),
+            if waited.is_empty() {
+                "-".to_owned()
+            } else {
+                ms(&mut waited)
+            },
         ),
         (
             "  of which the controller: slice write -> its plan at a watcher".into(),

@@ -1,8 +1,12 @@
 //! The fleet bench's soak (issue: an hour of churn and faults): faults injected at random
-//! while the churn runs, overlapping, each one followed until every node it touched
-//! matches its semantics again (read from the kernel by the checker, not from the
-//! agents); probes from pod namespaces to Services that never lose their endpoints; and
-//! the processes' resources sampled every minute.
+//! while the churn runs, overlapping, each one followed, on the kernels (read by the
+//! checker, not from the agents), until every node it touched has recovered: for every
+//! Service it holds the state acknowledged before the fault was lifted, or a newer one,
+//! so nothing the fault held back is left; then until every such node agrees with every
+//! Service's newest state at once (writes less than a second old aside), which under
+//! steady churn also waits for a moment when no node is more than a second behind. Probes
+//! from pod namespaces go to Services that never lose their endpoints, and the
+//! processes' resources are sampled every minute.
 //!
 //! What a fault is and how it heals:
 //! - `agent-kill`: SIGKILL of an agent, started again after 1–10 s (a DaemonSet's backoff);
@@ -16,11 +20,15 @@
 //! - `tamper-element`: one Service's element deleted from the agent's `service-ips` map;
 //! - `tamper-chain`: one of the agent's chains flushed, at random (base chains too);
 //! - `tamper-rule`: a foreign rule inserted that lets one Service's packets skip DNAT;
-//! - `state-dir`: the agent's state directory removed under it.
-//!
-//! Not injected: clock steps. A time namespace cannot step the realtime clock, so a step
-//! on one "node" here would step the API server's, etcd's and every lease holder's clock
-//! too, which is not the fault the issue means.
+//! - `state-dir`: the agent's state directory removed under it;
+//! - `clock-step`: the agent's wall clock stepped 1–60 minutes forward for 5–60 s, then
+//!   back to true time (a step back as large). A time namespace cannot step
+//!   `CLOCK_REALTIME`, and stepping the machine's would step the API server's, etcd's and
+//!   every lease holder's too; so each agent runs under libfaketime (Debian's `faketime`
+//!   package), which shifts that one process's wall clock from a file it reads at every
+//!   read of that clock, and leaves its monotonic clock alone, as a real step does. The agent's own
+//!   `/livez` `currentTime` confirms each step. Without the library the kind is left out,
+//!   with a line saying so.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -38,7 +46,7 @@ use super::procs::{self, Spawned};
 use super::{Fleet, Rng, now};
 
 /// Every fault kind, in the order the tables list them.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 11] = [
     "agent-kill",
     "controller-kill",
     "controller-stop",
@@ -49,7 +57,32 @@ pub const KINDS: [&str; 10] = [
     "tamper-chain",
     "tamper-rule",
     "state-dir",
+    "clock-step",
 ];
+
+/// Where Debian's `faketime` package puts the library that shifts one process's wall
+/// clock.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Sets the offset in `clock`: written whole, then renamed into place, so that the agent
+/// never reads half a step.
+pub fn set_clock(clock: &std::path::Path, offset: &str) {
+    let next = clock.with_extension("next");
+    std::fs::write(&next, offset).unwrap();
+    std::fs::rename(&next, clock).unwrap();
+}
+
+/// Runs `command` under libfaketime, its wall clock offset by what `clock` holds (`+0`,
+/// `+37m`), read at every read of the wall clock (libfaketime's cache would miss a step
+/// back until the stepped clock passed the cache's expiry); its monotonic clock, which
+/// the agent's timers use, is left alone and costs nothing more.
+pub fn with_clock(command: &mut Command, clock: &std::path::Path) {
+    command
+        .env("LD_PRELOAD", LIBFAKETIME)
+        .env("FAKETIME_TIMESTAMP_FILE", clock)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+}
 
 /// Which nodes a fault touched: one, or every one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +92,8 @@ pub enum Scope {
 }
 
 /// One fault: what, where, when it was injected and lifted, and how long after it was
-/// lifted every node it touched matched its semantics again (`None`: not within 300 s,
-/// which would need a human).
+/// lifted every node it touched had recovered (`None`: not within 300 s, which would
+/// need a human).
 #[derive(Debug, Clone)]
 pub struct Injected {
     pub kind: &'static str,
@@ -68,7 +101,13 @@ pub struct Injected {
     pub detail: String,
     pub injected: f64,
     pub lifted: f64,
+    /// Until every node it touched held, for every Service, the state acknowledged before
+    /// the lift or a newer one: nothing the fault held back is left.
     pub recovered: Option<f64>,
+    /// Until every node it touched agreed with every Service's newest state at once
+    /// (writes less than a second old aside): under steady churn this also waits for a
+    /// moment when no node is more than a second behind anywhere.
+    pub settled: Option<f64>,
     /// Another fault touched the same node while this one was followed: its time
     /// includes that one's.
     pub overlapped: bool,
@@ -155,6 +194,8 @@ pub struct Soak {
     pub controllers: Vec<Arc<Restartable>>,
     pub netnses: Vec<String>,
     pub state_dirs: Vec<PathBuf>,
+    /// Each agent's wall clock offset file (see [`with_clock`]); empty without libfaketime.
+    pub clocks: Vec<PathBuf>,
     pub plane: Arc<ControlPlane>,
     pub client: Client,
     pub namespace: String,
@@ -240,7 +281,9 @@ impl Soak {
         let guard_controller;
         let guard_plane;
         match kind {
-            "agent-kill" | "state-dir" => guard_node = Some(self.node_locks[k].lock().await),
+            "agent-kill" | "state-dir" | "clock-step" => {
+                guard_node = Some(self.node_locks[k].lock().await)
+            }
             _ => guard_node = None,
         }
         match kind {
@@ -412,18 +455,36 @@ impl Soak {
             "state-dir" => {
                 let _ = std::fs::remove_dir_all(&self.state_dirs[k]);
             }
+            "clock-step" => {
+                let minutes = 1 + rng.below(60);
+                let hold = 5.0 + rng.below(55_000) as f64 / 1e3;
+                let clock = &self.clocks[k];
+                set_clock(clock, &format!("+{minutes}m"));
+                // (The agent reads its wall clock at its next status or metric.)
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                let shown = self.wall_clock_offset(k).await;
+                tokio::time::sleep(Duration::from_secs_f64(hold)).await;
+                set_clock(clock, "+0");
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                let back = self.wall_clock_offset(k).await;
+                detail = format!(
+                    "{detail}: clock +{minutes} min for {hold:.0} s, then back (the agent's \
+                     /livez said {shown}, then {back})"
+                );
+            }
             other => panic!("unknown fault {other}"),
         }
         let lifted = now();
         drop((guard_node, guard_controller, guard_plane));
-        let (recovered, overlapped, left_to_others) =
+        let (recovered, settled, overlapped, left_to_others) =
             self.until_settled(scope, lifted, tampered).await;
         self.disturb(scope, -1);
         println!(
-            "fleet bench: fault {kind} on {scope:?} ({detail}) lifted after {:.1} s, nodes back \
-             to their semantics {}",
+            "fleet bench: fault {kind} on {scope:?} ({detail}) lifted after {:.1} s, nodes \
+             recovered {}, at every Service's newest state {}",
             lifted - injected,
-            recovered.map_or("NEVER (300 s)".to_owned(), |r| format!("{r:.2} s later"))
+            recovered.map_or("NEVER (300 s)".to_owned(), |r| format!("{r:.2} s later")),
+            settled.map_or("not within 300 s".to_owned(), |r| format!("{r:.2} s later"))
         );
         self.log.lock().unwrap().push(Injected {
             kind,
@@ -432,9 +493,40 @@ impl Soak {
             injected,
             lifted,
             recovered,
+            settled,
             overlapped,
             left_to_others,
         });
+    }
+
+    /// How far node `k`'s agent's wall clock is from true time, by its own `/livez`
+    /// `currentTime` (`+2220 s`), or why that could not be read.
+    async fn wall_clock_offset(&self, k: usize) -> String {
+        let body = match self
+            .netns_run(
+                k,
+                &["curl", "-s", "-m", "5", "http://127.0.0.1:10256/livez"],
+            )
+            .await
+        {
+            Ok(body) => body,
+            Err(e) => return format!("no /livez ({e})"),
+        };
+        let shown = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v["currentTime"]
+                    .as_str()?
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()
+            });
+        match shown {
+            Some(t) => format!(
+                "{:+} s",
+                t.as_second() - k8s_openapi::jiff::Timestamp::now().as_second()
+            ),
+            None => format!("no currentTime in /livez ({body})"),
+        }
     }
 
     /// One of the chains in node `k`'s table, at random (base chains included: a flush
@@ -463,61 +555,71 @@ impl Soak {
         scope: Scope,
         lifted: f64,
         must_agree: Option<usize>,
-    ) -> (Option<f64>, bool, usize) {
+    ) -> (Option<f64>, Option<f64>, bool, usize) {
         let nodes: Vec<usize> = match scope {
             Scope::Node(k) => vec![k],
             Scope::All => (0..self.agents.len()).collect(),
         };
-        let mut worst: f64 = 0.0;
+        // First every node recovered, then every node settled: each phase's time is the
+        // last node's, from the lift.
+        let mut times: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
         let (mut overlapped, mut left) = (false, 0);
         let mut told = false;
-        for k in nodes {
-            loop {
-                let on_node = self.disturbed.lock().unwrap().get(&k).copied().unwrap_or(0);
-                if scope == Scope::All && on_node > 0 {
-                    left += 1;
-                    break;
-                }
-                overlapped |= self.others_on(k, scope);
-                let read = now();
-                let (_, settled) = super::check_node(
-                    k,
-                    &self.netnses[k],
-                    &self.fleet,
-                    &self.checked,
-                    false,
-                    must_agree,
-                )
-                .await;
-                if settled {
-                    worst = worst.max(read - lifted).max(0.0);
-                    break;
-                }
-                if now() - lifted > 60.0 && !told {
-                    // Why it does not settle: the oldest open differences on this node.
-                    told = true;
-                    let checked = self.checked.lock().unwrap();
-                    let mut open: Vec<(f64, &String)> = checked
-                        .open
-                        .iter()
-                        .filter(|((node, _), _)| *node == k)
-                        .filter_map(|(key, since)| Some((*since, checked.open_why.get(key)?)))
-                        .collect();
-                    open.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    for (since, why) in open.iter().take(3) {
-                        println!(
-                            "fleet bench: not settled 60 s after lifting, open since {:.1} s: {why}",
-                            now() - since
-                        );
+        for phase in 0..2 {
+            for &k in &nodes {
+                loop {
+                    let on_node = self.disturbed.lock().unwrap().get(&k).copied().unwrap_or(0);
+                    if scope == Scope::All && on_node > 0 {
+                        // Another fault has this node: that one follows it.
+                        left += usize::from(phase == 0);
+                        break;
                     }
+                    overlapped |= self.others_on(k, scope);
+                    let read = now();
+                    let found = super::check_node(
+                        k,
+                        &self.netnses[k],
+                        &self.fleet,
+                        &self.checked,
+                        false,
+                        must_agree,
+                        Some(lifted),
+                    )
+                    .await;
+                    if [found.caught_up, found.settled][phase] {
+                        times[phase] = times[phase].map(|t| t.max(read - lifted).max(0.0));
+                        break;
+                    }
+                    if phase == 1 && now() - lifted > 60.0 && !told {
+                        // Why it does not settle: the oldest open differences on this
+                        // node that are not in flight.
+                        told = true;
+                        let checked = self.checked.lock().unwrap();
+                        let mut open: Vec<(f64, &String)> = checked
+                            .open
+                            .iter()
+                            .filter(|((node, _), _)| *node == k)
+                            .filter_map(|(key, since)| Some((*since, checked.open_why.get(key)?)))
+                            .filter(|(_, why)| !why.contains("(in flight true"))
+                            .collect();
+                        open.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        for (since, why) in open.iter().take(3) {
+                            println!(
+                                "fleet bench: not settled 60 s after lifting, open since \
+                                 {:.1} s: {why}",
+                                now() - since
+                            );
+                        }
+                    }
+                    if now() - lifted > 300.0 {
+                        times[phase] = None;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                if now() - lifted > 300.0 {
-                    return (None, overlapped, left);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        (Some(worst), overlapped, left)
+        (times[0], times[1], overlapped, left)
     }
 }
 
