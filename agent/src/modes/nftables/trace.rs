@@ -31,6 +31,8 @@ use super::settings::NftablesSettings;
 use crate::kernel::Family;
 use crate::kernel::nftables::objects::comment_userdata;
 use crate::kernel::nftables::{NftKernel, Verdict};
+/// How a path ends: the verdict the iptables and ipvs modes' traces give too.
+pub use crate::ruleset::trace::Verdict as Final;
 
 /// Chains entered at most on one path (the table has no loops; this bounds a tampered
 /// one).
@@ -51,29 +53,6 @@ pub struct Packet {
     pub from_host: bool,
     /// The interface it arrives on, when known.
     pub interface: Option<String>,
-}
-
-/// How a path ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Final {
-    /// Delivered (or forwarded).
-    Accept,
-    /// Refused with an ICMP error.
-    Reject,
-    /// Dropped.
-    Drop,
-}
-
-impl Final {
-    /// `accept`, `reject` or `drop`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Accept => "accept",
-            Self::Reject => "reject",
-            Self::Drop => "drop",
-        }
-    }
 }
 
 /// One way through the table.
