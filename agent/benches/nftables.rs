@@ -32,7 +32,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
+use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError};
 use proxyplan_agent::kernel::CommandRunner;
 use proxyplan_agent::kernel::nftables::{
     ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Transaction,
@@ -102,6 +102,10 @@ impl NftKernel for Timed {
     ) -> Result<Option<bool>, DataplaneError> {
         self.inner.changed_by_others(name, generation)
     }
+
+    fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {
+        self.inner.change_alarm(name)
+    }
 }
 
 type Nft = NftablesDataplane<Timed, CommandRunner>;
@@ -143,6 +147,11 @@ struct SizeResult {
     intact_quiet: Duration,
     intact_after_foreign: Duration,
     intact_after_foreign_listening: Duration,
+    /// A chain flushed by hand, from the `nft` command's exit: the change alarm went
+    /// off, the tamper check found it, the sync repaired it.
+    flushed_alarm: Duration,
+    flushed_found: Duration,
+    flushed_repaired: Duration,
     cleanup: Duration,
     bench_hwm_kib: u64,
     binary: BinaryResult,
@@ -295,6 +304,35 @@ fn run_size(services: usize) -> SizeResult {
     result.intact_after_foreign = someone_else(&["add", "table", "inet", "someone-else"]);
     result.intact_after_foreign_listening =
         someone_else(&["add", "chain", "inet", "someone-else", "c"]);
+    // Someone flushes the chain every Service's traffic goes through: what the agent's
+    // change alarm and tamper check do about it, from the `nft` command's exit.
+    let mut alarm = dp.change_alarm().expect("nf_tables announces its commits");
+    let status = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.0,
+            "nft",
+            "flush",
+            "chain",
+            "ip",
+            "proxyplan",
+            "services",
+        ])
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "nft flush");
+    let start = Instant::now();
+    assert!(alarm.wait(Some(Duration::from_secs(10))).expect("alarm"));
+    result.flushed_alarm = start.elapsed();
+    assert!(
+        !dp.rules_intact().expect("tamper check"),
+        "the flush went unseen"
+    );
+    result.flushed_found = start.elapsed();
+    let merged = Arc::new(objects.merged());
+    dp.sync_shared(&merged, false).expect("repair");
+    result.flushed_repaired = start.elapsed();
+    assert!(dp.rules_intact().expect("tamper check"));
     let start = Instant::now();
     dp.cleanup().expect("cleanup");
     result.cleanup = start.elapsed();
@@ -447,6 +485,18 @@ fn print_table(results: &[SizeResult]) {
                     time(r.intact_quiet),
                     time(r.intact_after_foreign),
                     time(r.intact_after_foreign_listening)
+                )
+            },
+            "",
+        ),
+        (
+            "chain flushed by hand: alarm / found / repaired (from nft's exit)",
+            |r| {
+                format!(
+                    "{} / {} / {}",
+                    time(r.flushed_alarm),
+                    time(r.flushed_found),
+                    time(r.flushed_repaired)
                 )
             },
             "",

@@ -322,8 +322,9 @@ struct RunArgs {
     sync_period: Duration,
     /// nftables mode: how often the agent asks the kernel whether anyone else changed its
     /// table (one netlink request and nf_tables' own change announcements; the table is
-    /// read back only when someone did). A change is repaired at once; 0 leaves it to the
-    /// periodic resync.
+    /// read back only when someone did). Between checks, an announced commit to the table
+    /// by another process (a chain flushed by hand) runs the check at once. A change is
+    /// repaired from the same read; 0 turns both off and leaves it to the periodic resync.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     tamper_check_interval: Duration,
     /// Minimum time between status writes that only change the service port and endpoint

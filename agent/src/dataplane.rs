@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use proxyplan_crds::MergedPlan;
 
+pub use crate::kernel::ChangeAlarm;
 pub use crate::kernel::error::DataplaneError;
 
 /// Bytes of [`SyncReport::payload`] a real (not dry-run) sync keeps: the beginning, and a
@@ -63,7 +64,8 @@ pub trait Dataplane {
     }
 
     /// Whether the agent's rules are still in place (the canary chain exists). When it
-    /// returns false, the next sync re-reads the kernel and restores everything.
+    /// returns false, the next sync re-reads the kernel and restores everything (nftables
+    /// mode has restored them already, from the read that found them changed).
     ///
     /// # Errors
     /// When the check itself could not run.
@@ -77,6 +79,13 @@ pub trait Dataplane {
     /// # Errors
     /// When the kernel cannot be asked.
     fn holds_rules(&mut self) -> Result<bool, DataplaneError>;
+
+    /// An alarm for a thread of its own to wait on, which goes off when someone else may
+    /// have changed this mode's rules, so that [`Dataplane::rules_intact`] is asked at once
+    /// instead of at the next tamper check; `None` (the default) when the mode has none.
+    fn change_alarm(&mut self) -> Option<Box<dyn ChangeAlarm>> {
+        None
+    }
 
     /// Removes everything the agent owns, and nothing else.
     ///

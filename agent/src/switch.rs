@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
+use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError, SyncReport};
 use proxyplan_agent::kernel::link::Links;
 use proxyplan_agent::kernel::nftables::uapi::{NFPROTO_IPV4, NFPROTO_IPV6};
 use proxyplan_agent::kernel::nftables::{NetlinkNft, NftKernel};
@@ -155,6 +155,10 @@ impl<D: Dataplane> Dataplane for LeavingOtherModes<D> {
 
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
         self.inner.holds_rules()
+    }
+
+    fn change_alarm(&mut self) -> Option<Box<dyn ChangeAlarm>> {
+        self.inner.change_alarm()
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {

@@ -7,7 +7,7 @@
 
 mod support;
 
-use proxyplan_agent::dataplane::{Dataplane, DataplaneError};
+use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError};
 use proxyplan_agent::kernel::CommandRunner;
 use proxyplan_agent::kernel::nftables::{
     ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Transaction,
@@ -156,6 +156,10 @@ impl NftKernel for Counting {
     ) -> Result<Option<bool>, DataplaneError> {
         self.inner.changed_by_others(name, generation)
     }
+
+    fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {
+        self.inner.change_alarm(name)
+    }
 }
 
 /// Other people's commits to other tables (a CNI plugin's iptables-nft rules, another
@@ -200,4 +204,56 @@ fn others_commits_elsewhere_cost_no_read_back() {
     assert!(dp.kernel().reads > reads);
     dp.sync(&special_cluster(), false).expect("repair");
     assert!(dp.rules_intact().expect("check"));
+}
+
+/// The change alarm (what wakes the agent's tamper check between its intervals) goes off
+/// as soon as someone else commits to the agent's table — a chain flushed, the table
+/// deleted — and never for the agent's own commits or another table's: the check runs
+/// when there is something to repair, not a second later.
+#[test]
+fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
+    use std::time::{Duration, Instant};
+    let Some(ns) = netns() else { return };
+    let mut dp = dataplane(&ns);
+    let mut alarm = dp.change_alarm().expect("nf_tables announces its commits");
+    let quiet = Some(Duration::from_millis(300));
+    dp.sync(&special_cluster(), false).expect("sync");
+    assert!(
+        !alarm.wait(quiet).expect("wait"),
+        "the agent's own first sync set it off"
+    );
+    let mut fewer = special_cluster();
+    fewer.service_ports.retain(|e| !e.key.contains("sticky"));
+    dp.sync(&fewer, false).expect("change");
+    assert!(
+        !alarm.wait(quiet).expect("wait"),
+        "the agent's own change set it off"
+    );
+    ns.run(&["nft", "add", "table", "inet", "someone-else"]);
+    ns.run(&["nft", "add", "chain", "inet", "someone-else", "a"]);
+    assert!(
+        !alarm.wait(quiet).expect("wait"),
+        "a commit to another table set it off"
+    );
+    for tamper in [
+        &["nft", "flush", "chain", "ip", "proxyplan", "services"][..],
+        &["nft", "delete", "table", "ip", "proxyplan"][..],
+    ] {
+        let done = Instant::now();
+        ns.run(tamper);
+        assert!(
+            alarm.wait(Some(Duration::from_secs(10))).expect("wait"),
+            "{tamper:?} did not set it off"
+        );
+        println!(
+            "{tamper:?}: went off {:?} after the command started",
+            done.elapsed()
+        );
+        dp.sync(&fewer, false).expect("repair");
+        assert!(
+            !alarm.wait(quiet).expect("wait"),
+            "the agent's own repair set it off"
+        );
+        assert!(dp.rules_intact().expect("check"));
+    }
 }

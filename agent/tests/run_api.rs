@@ -783,6 +783,43 @@ async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
     agent.stop().await;
 }
 
+/// nftables mode does not wait for its next tamper check (an hour here) when nf_tables
+/// announces that someone else changed the table: the change alarm runs the check at
+/// once, which repairs what it finds, and an alarm with nothing changed syncs nothing.
+#[tokio::test]
+async fn the_change_alarm_runs_the_tamper_check_at_once() {
+    let mut settings = settings();
+    settings.mode = ProxyMode::Nftables;
+    settings.tamper_check_interval = Duration::from_secs(3600);
+    let mut agent = start(settings, |api| {
+        put_cluster(api, 0);
+        api.put_plan(&plan("p1", &[]));
+    })
+    .await;
+    agent.first_sync().await;
+    // The first check is due at once; the next one in an hour.
+    assert!(matches!(
+        agent.dataplane.next_call().await,
+        Call::RulesIntact(true)
+    ));
+    agent.dataplane.alarm.send(()).expect("alarm");
+    match agent.dataplane.next_call().await {
+        Call::RulesIntact(true) => {}
+        other => panic!("an alarm over an intact table: {other:?}"),
+    }
+    agent.dataplane.intact.store(false, Ordering::SeqCst);
+    agent.dataplane.alarm.send(()).expect("alarm");
+    assert!(matches!(
+        agent.dataplane.next_call().await,
+        Call::RulesIntact(false)
+    ));
+    let (plan, ok) = agent.dataplane.next_sync().await;
+    agent.dataplane.intact.store(true, Ordering::SeqCst);
+    assert!(ok);
+    assert_eq!(plan.revision, "p1");
+    agent.stop().await;
+}
+
 /// Health-check node ports: 200 with the local endpoint count while the Service has
 /// local endpoints, 503 with 0 when it has none, closed when the Service is gone.
 #[tokio::test]

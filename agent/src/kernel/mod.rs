@@ -19,6 +19,17 @@ pub mod nftables;
 pub mod sysctl;
 pub mod xtables_nft;
 
+/// Goes off when someone other than the agent may have changed the kernel state a mode
+/// programs, so the mode's tamper check runs at once instead of at its next interval.
+pub trait ChangeAlarm: Send {
+    /// Blocks up to `timeout` (`None`: for ever) until such a change may have happened:
+    /// true when it may have, false when the time ran out first.
+    ///
+    /// # Errors
+    /// When the kernel cannot be listened to any more.
+    fn wait(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<bool>;
+}
+
 pub use command::{CommandOutput, CommandRunner, InputWriter, Runner};
 pub use error::DataplaneError;
 pub use family::Family;

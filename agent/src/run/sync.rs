@@ -88,7 +88,11 @@ impl SyncLoop {
             node: settings.node_name.clone(),
             mode: settings.mode,
             cache: PlanCache::default(),
-            dataplane: DataplaneThread::spawn(dataplane).map_err(RunError::DataplaneThread)?,
+            dataplane: DataplaneThread::spawn_with(
+                dataplane,
+                settings.mode == ProxyMode::Nftables && !settings.tamper_check_interval.is_zero(),
+            )
+            .map_err(RunError::DataplaneThread)?,
             schedule: SyncSchedule::new(
                 settings.min_sync_interval,
                 settings.sync_period,
@@ -167,6 +171,14 @@ impl SyncLoop {
                 .tamper_check
                 .filter(|_| self.applied.is_some())
                 .map(|_| self.tamper_due);
+            // nf_tables announced a commit to the table by someone else: check now.
+            let alarmed = async {
+                if tamper_due.is_some() {
+                    self.dataplane.alarmed().await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
@@ -177,6 +189,10 @@ impl SyncLoop {
                 () = tokio::time::sleep_until(due) => self.sync(kind).await?,
                 () = sleep_until(status_due) => self.release_status(),
                 () = sleep_until(tamper_due) => self.tamper_check().await?,
+                () = alarmed => {
+                    debug!("nf_tables announced a change to the table by someone else");
+                    self.tamper_check().await?;
+                }
             }
         }
     }

@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::client::Body;
-use proxyplan_agent::dataplane::{Dataplane, DataplaneError, SyncReport};
+use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError, SyncReport};
 use proxyplan_crds::{
     EmptyAction, Endpoint, EndpointOverride, IpFamily, LocalTrafficDetection, LocalTrafficMode,
     MANAGED_BY, MANAGED_BY_LABEL, MasqueradePlan, MergedPlan, NodeProxyPlan, NodeProxyPlanSpec,
@@ -597,6 +597,25 @@ pub struct FakeDataplane {
     intact: Arc<AtomicBool>,
     slow: Arc<AtomicBool>,
     count: usize,
+    alarm: Option<FakeAlarm>,
+}
+
+/// A change alarm the test sets off through [`FakeHandle::alarm`].
+pub struct FakeAlarm(std::sync::mpsc::Receiver<()>);
+
+impl ChangeAlarm for FakeAlarm {
+    fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<bool> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let received = match timeout {
+            Some(timeout) => self.0.recv_timeout(timeout),
+            None => self.0.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok(()) => Ok(true),
+            Err(RecvTimeoutError::Timeout) => Ok(false),
+            Err(RecvTimeoutError::Disconnected) => Err(std::io::Error::other("the test is gone")),
+        }
+    }
 }
 
 /// The test's end of the fake dataplane.
@@ -610,6 +629,8 @@ pub struct FakeHandle {
     pub slow: Arc<AtomicBool>,
     /// Syncs seen so far.
     pub syncs: Arc<AtomicUsize>,
+    /// Sets off the fake's change alarm.
+    pub alarm: std::sync::mpsc::Sender<()>,
 }
 
 impl FakeDataplane {
@@ -619,6 +640,7 @@ impl FakeDataplane {
         let fail = Arc::new(AtomicBool::new(false));
         let intact = Arc::new(AtomicBool::new(true));
         let slow = Arc::new(AtomicBool::new(false));
+        let (alarm, alarmed) = std::sync::mpsc::channel();
         (
             Self {
                 calls: tx,
@@ -626,6 +648,7 @@ impl FakeDataplane {
                 intact: intact.clone(),
                 slow: slow.clone(),
                 count: 0,
+                alarm: Some(FakeAlarm(alarmed)),
             },
             FakeHandle {
                 calls: rx,
@@ -633,6 +656,7 @@ impl FakeDataplane {
                 intact,
                 slow,
                 syncs: Arc::new(AtomicUsize::new(0)),
+                alarm,
             },
         )
     }
@@ -681,6 +705,12 @@ impl Dataplane for FakeDataplane {
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
         Ok(SyncReport::default())
+    }
+
+    fn change_alarm(&mut self) -> Option<Box<dyn ChangeAlarm>> {
+        self.alarm
+            .take()
+            .map(|alarm| Box::new(alarm) as Box<dyn ChangeAlarm>)
     }
 }
 

@@ -3,16 +3,19 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::batch::Transaction;
 use super::error::NftCodecError;
-use super::monitor::{Heard, NftMonitor};
+use super::monitor::{Heard, NftMonitor, TableAlarm};
 use super::objects::{
     Chain, ElementRef, Rule, Set, decode_elements, dump_elements_request, dump_request,
     get_table_request, split,
 };
 use super::socket::{NftNetlink, Refusal};
 use super::uapi::{NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_SET_EVAL};
+use crate::kernel::ChangeAlarm;
 use crate::kernel::error::DataplaneError;
 use crate::kernel::namespace::in_namespace;
 
@@ -105,6 +108,14 @@ pub trait NftKernel {
         let _ = (name, generation);
         Ok(None)
     }
+
+    /// An alarm that goes off when someone other than this handle commits a change to
+    /// the table `name` (of any family), for a thread of its own to wait on; `None` when
+    /// this kernel handle cannot make one (the checks then run only at their interval).
+    fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {
+        let _ = name;
+        None
+    }
 }
 
 /// nf_tables over netlink, in the calling thread's namespace or a named one.
@@ -116,6 +127,8 @@ pub struct NetlinkNft {
     monitor: Option<Listening>,
     /// What the monitor heard since the last answer.
     heard: Heard,
+    /// The port of the socket while one is open (0 before), for the change alarm.
+    port: Arc<AtomicU32>,
 }
 
 /// The monitor, with what its answers are about.
@@ -156,11 +169,13 @@ impl NetlinkNft {
                 e,
             )
         })?;
+        let port = Arc::new(AtomicU32::new(socket.port().unwrap_or(0)));
         Ok(Self {
             socket: Some(socket),
             netns: Some(path),
             monitor: None,
             heard: Heard::default(),
+            port,
         })
     }
 
@@ -170,7 +185,10 @@ impl NetlinkNft {
                 Some(path) => in_namespace(path, NftNetlink::open),
                 None => NftNetlink::open(),
             };
-            self.socket = Some(opened.map_err(io_error("opening an nf_tables socket"))?);
+            let socket = opened.map_err(io_error("opening an nf_tables socket"))?;
+            self.port
+                .store(socket.port().unwrap_or(0), Ordering::Relaxed);
+            self.socket = Some(socket);
         }
         self.socket
             .as_mut()
@@ -350,6 +368,24 @@ impl NftKernel for NetlinkNft {
             return Ok(None);
         }
         Ok(Some(std::mem::take(&mut self.heard.changed_by_others)))
+    }
+
+    fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {
+        let opened = match &self.netns {
+            Some(path) => in_namespace(path, NftMonitor::open),
+            None => NftMonitor::open(),
+        };
+        match opened {
+            Ok(monitor) => Some(Box::new(TableAlarm::new(
+                monitor,
+                Arc::clone(&self.port),
+                name,
+            ))),
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for nf_tables announcements; tampering is found at the check interval only");
+                None
+            }
+        }
     }
 }
 

@@ -8,11 +8,15 @@
 
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
 use super::uapi::{NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN};
+use crate::kernel::ChangeAlarm;
 use crate::kernel::netlink::frame;
 
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables changes.
@@ -110,6 +114,78 @@ impl NftMonitor {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => heard.lost = true,
                 Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl NftMonitor {
+    /// Waits up to `timeout` (`None`: for ever) until an announcement is waiting; false
+    /// when the time ran out first.
+    ///
+    /// # Errors
+    /// When the socket cannot be polled.
+    pub fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let timeout = match timeout {
+            None => PollTimeout::NONE,
+            Some(t) => PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX),
+        };
+        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+        loop {
+            match poll(&mut fds, timeout) {
+                Ok(n) => return Ok(n > 0),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// [`ChangeAlarm`] for one nf_tables table: a socket of its own in the `NFNLGRP_NFTABLES`
+/// group, which goes off at the first commit by another socket than the agent's that
+/// touches the table (a chain flushed by hand, an element deleted, the table deleted), or
+/// when announcements were lost. The agent's own commits (their port is read at each
+/// wait, as the agent's socket may be reopened) and other tables' never wake it.
+#[derive(Debug)]
+pub struct TableAlarm {
+    monitor: NftMonitor,
+    own_port: Arc<AtomicU32>,
+    table: String,
+}
+
+impl TableAlarm {
+    /// An alarm for `table` on `monitor`, the agent's own commits coming from the port
+    /// `own_port` holds.
+    #[must_use]
+    pub fn new(monitor: NftMonitor, own_port: Arc<AtomicU32>, table: &str) -> Self {
+        Self {
+            monitor,
+            own_port,
+            table: table.to_owned(),
+        }
+    }
+}
+
+impl ChangeAlarm for TableAlarm {
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if !self.monitor.wait_readable(left)? {
+                return Ok(false);
+            }
+            let mut heard = Heard::default();
+            self.monitor.drain(
+                self.own_port.load(Ordering::Relaxed),
+                &self.table,
+                &mut heard,
+            )?;
+            if heard.changed_by_others || heard.lost {
+                return Ok(true);
+            }
+            if left.is_some_and(|left| left.is_zero()) {
+                return Ok(false);
             }
         }
     }

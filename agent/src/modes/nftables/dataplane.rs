@@ -2,12 +2,14 @@
 //! kernel holds, and only the difference sent, one nf_tables transaction per sync.
 //!
 //! The kernel is read (one table per family, [`HeldTable`]) on the first sync, after a
-//! failure, and when the tamper check ([`Dataplane::rules_intact`]) finds the table not
-//! as the agent left it. Every other sync compares the new plan with the last one entry
+//! failure, and by the tamper check ([`Dataplane::rules_intact`]) when someone else
+//! changed the table, which sends the repair from that same read. Every other sync compares the new plan with the last one entry
 //! by entry ([`diff::update`]): one endpoint change is a handful of map elements in one
 //! small transaction. The tamper check costs one request while nobody else commits to
 //! nf_tables (the ruleset's generation is where the agent's last commit left it); when
-//! the generation moved, the table is read and compared.
+//! the generation moved, nf_tables' announcements say whether the table was touched, and
+//! only then is it read, compared and repaired. Its change alarm
+//! ([`Dataplane::change_alarm`]) wakes the check as soon as such a commit is announced.
 
 use std::sync::Arc;
 
@@ -23,7 +25,7 @@ use super::rules::Net;
 use super::settings::NftablesSettings;
 use super::sink::{Sink, SinkError, nfproto};
 use crate::conntrack::{EntryChange, UdpTracker};
-use crate::dataplane::{Dataplane, DataplaneError, REPORT_TEXT_LIMIT, SyncReport};
+use crate::dataplane::{ChangeAlarm, Dataplane, DataplaneError, REPORT_TEXT_LIMIT, SyncReport};
 use crate::kernel::Family;
 use crate::kernel::command::Runner;
 use crate::kernel::nftables::{ElementData, NftKernel};
@@ -451,23 +453,28 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         Ok(report)
     }
 
-    /// Whether one family's table is as the last sync left it.
-    fn family_intact(&mut self, family: Family) -> Result<bool, DataplaneError> {
-        let i = family.index();
+    /// Reads one family's table and sends what brings it back to the last plan: whether
+    /// it was as the last sync left it (nothing sent). Pending deferred deletions go with
+    /// it, and count as a change.
+    fn repair_family(&mut self, family: Family) -> Result<bool, DataplaneError> {
         let Some(plan) = self.plan.clone() else {
             return Ok(true);
         };
-        let (mut held, _) = HeldTable::read(&mut self.kernel, family)?;
-        let ctx = family_context(&plan, &self.settings, family);
-        let entries = entries_of(&plan, family);
-        let mut sink = Sink::new(None, family, 0)?;
-        let (_, gone) =
-            diff::full(&entries, ctx, &mut held, &mut sink).map_err(SinkError::into_dataplane)?;
-        let pending = &self.stale[i];
-        let intact = sink.changed == 0
-            && gone.chains.iter().all(|c| pending.chains.contains(c))
-            && gone.sets.iter().all(|s| pending.sets.contains(s));
-        Ok(intact)
+        // Without a model of the family the sync reads the table.
+        self.families[family.index()] = None;
+        let sent = std::mem::take(&mut self.sent);
+        let mut report = SyncReport::default();
+        let result = self.sync_family(&plan, family, false, &mut report);
+        // What the last sync sent stays what `sent` tells.
+        let intact = std::mem::replace(&mut self.sent, sent).0 == 0;
+        match result {
+            Ok(()) => Ok(intact),
+            Err(SinkError::Kernel(e)) => Err(e),
+            Err(refused @ SinkError::Refused(_)) => {
+                self.invalidate();
+                Err(refused.into_dataplane())
+            }
+        }
     }
 }
 
@@ -584,15 +591,18 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
             None if now == known => return Ok(true),
             Some(true) | None => {}
         }
+        // Repaired from the read at once: a second read by the next sync would keep every
+        // Service behind a flushed chain broken twice as long (0.75 s per read at 10,000
+        // Services).
+        let mut intact = true;
         for family in Family::ALL {
-            if !self.family_intact(family)? {
-                self.families[family.index()] = None;
-                return Ok(false);
-            }
+            intact &= self.repair_family(family)?;
         }
-        // Someone else committed, not to this table.
-        self.generation = Some(self.kernel.generation()?);
-        Ok(true)
+        if intact {
+            // Someone else committed, not to this table.
+            self.generation = Some(self.kernel.generation()?);
+        }
+        Ok(intact)
     }
 
     fn holds_rules(&mut self) -> Result<bool, DataplaneError> {
@@ -602,6 +612,10 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
             }
         }
         Ok(false)
+    }
+
+    fn change_alarm(&mut self) -> Option<Box<dyn ChangeAlarm>> {
+        self.kernel.change_alarm(names::TABLE)
     }
 
     fn cleanup(&mut self) -> Result<SyncReport, DataplaneError> {
