@@ -229,6 +229,7 @@ fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
         !alarm.wait(quiet).expect("wait"),
         "the agent's own change set it off"
     );
+    let synced = sorted_lines(&ns.run(&["nft", "list", "table", "ip", "proxyplan"]));
     ns.run(&["nft", "add", "table", "inet", "someone-else"]);
     ns.run(&["nft", "add", "chain", "inet", "someone-else", "a"]);
     assert!(
@@ -249,11 +250,58 @@ fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
             "{tamper:?}: went off {:?} after the command started",
             done.elapsed()
         );
-        dp.sync(&fewer, false).expect("repair");
+        // The check that finds the change also sends the repair, from the same read.
+        assert!(!dp.rules_intact().expect("check"), "{tamper:?} went unseen");
+        assert_eq!(
+            sorted_lines(&ns.run(&["nft", "list", "table", "ip", "proxyplan"])),
+            synced,
+            "{tamper:?} was not repaired by the check"
+        );
         assert!(
             !alarm.wait(quiet).expect("wait"),
             "the agent's own repair set it off"
         );
         assert!(dp.rules_intact().expect("check"));
     }
+}
+
+/// `nft list` output, line by line in order (elements of a map are printed in the order
+/// the kernel keeps them, which a repair may change).
+fn sorted_lines(listing: &str) -> Vec<String> {
+    let mut lines: Vec<String> = listing
+        .lines()
+        .flat_map(|l| l.split(", "))
+        .map(|l| l.trim().trim_end_matches(',').to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// A removed ClientIP-affinity Service leaves nothing behind after one sync. Its chains
+/// and maps are deleted in a transaction of their own after the main one; chains were
+/// deleted before maps there, which the kernel refused (`EBUSY`: the Service's slots map
+/// names its endpoint chains) at every sync, so they stayed for ever, and the refusal
+/// also left the tamper check without a generation to compare, answering "intact"
+/// without asking.
+#[test]
+fn a_removed_affinity_service_leaves_nothing_behind() {
+    let Some(ns) = netns() else { return };
+    let mut dp = dataplane(&ns);
+    dp.sync(&special_cluster(), false).expect("sync");
+    assert!(
+        ns.run(&["nft", "list", "table", "ip", "proxyplan"])
+            .contains("sticky")
+    );
+    let mut fewer = special_cluster();
+    fewer.service_ports.retain(|e| !e.key.contains("sticky"));
+    dp.sync(&fewer, false).expect("the Service removed");
+    let listed = ns.run(&["nft", "list", "table", "ip", "proxyplan"]);
+    assert!(!listed.contains("sticky"), "left behind:\n{listed}");
+    ns.run(&["nft", "flush", "chain", "ip", "proxyplan", "services"]);
+    assert!(
+        !dp.rules_intact().expect("check"),
+        "the tamper check did not look after the removal"
+    );
+    assert!(dp.rules_intact().expect("check"));
 }

@@ -575,9 +575,11 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
     }
 
     fn rules_intact(&mut self) -> Result<bool, DataplaneError> {
-        let Some(known) = self.generation else {
+        // Nothing programmed or read yet: the next sync reads the kernel anyway.
+        if self.plan.is_none() {
             return Ok(true);
-        };
+        }
+        let known = self.generation;
         let now = self.kernel.generation()?;
         // nf_tables' announcements say whether anyone else changed this table (also
         // just before one of the agent's own commits, which the generation alone hides);
@@ -588,7 +590,7 @@ impl<K: NftKernel, R: Runner> Dataplane for NftablesDataplane<K, R> {
                 self.generation = Some(now);
                 return Ok(true);
             }
-            None if now == known => return Ok(true),
+            None if known == Some(now) => return Ok(true),
             Some(true) | None => {}
         }
         // Repaired from the read at once: a second read by the next sync would keep every

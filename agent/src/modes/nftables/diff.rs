@@ -38,13 +38,20 @@ impl Stale {
         self.chains.is_empty() && self.sets.is_empty()
     }
 
-    /// Writes the deletions (chains first: their rules refer to the sets).
+    /// Writes the deletions: the chains flushed first (their rules refer to the sets),
+    /// then the sets (a verdict map's elements refer to chains: a ClientIP-affinity
+    /// Service's slots map names its endpoint chains), then the chains. Deleting the
+    /// chains first was refused (`EBUSY`) for every such Service, each sync again, and its
+    /// chains and maps stayed in the kernel.
     pub fn write(&self, sink: &mut Sink<'_>) {
         for chain in &self.chains {
-            sink.delete_chain(chain);
+            sink.flush_chain(chain);
         }
         for set in &self.sets {
             sink.delete_set(set);
+        }
+        for chain in &self.chains {
+            sink.delete_chain(chain);
         }
     }
 }

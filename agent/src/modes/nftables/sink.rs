@@ -337,7 +337,10 @@ impl<'k> Sink<'k> {
                 return Ok(());
             }
             if !refusals.iter().all(|r| r.errno == ERESTART) {
-                self.generation = None;
+                // The kernel aborted the transaction: the generation did not move for it,
+                // and stays what the tamper check compares with (it was set to none here,
+                // which made the check answer "intact" without asking until the next
+                // commit: a refused deferred deletion turned tamper repair off).
                 let first = refusals
                     .iter()
                     .map(ToString::to_string)
