@@ -431,6 +431,23 @@ fn report_soak(
             ),
         ));
     }
+    let mut repairs: Vec<f64> = log.iter().filter_map(|f| f.repaired).collect();
+    let unrepaired = log
+        .iter()
+        .filter(|f| f.kind.starts_with("tamper-") && f.repaired.is_none())
+        .count();
+    rows.push((
+        "tampers: the agent's repair, from nft's exit until the table holds it again (read \
+         back over netlink; median / p99 / max of n; not within 30 s or nothing taken)"
+            .into(),
+        format!(
+            "{:.0} / {:.0} / {:.0} ms of {}; {unrepaired}",
+            quantile(&mut repairs.clone(), 0.5) * 1e3,
+            quantile(&mut repairs.clone(), 0.99) * 1e3,
+            quantile(&mut repairs, 1.0) * 1e3,
+            log.iter().filter(|f| f.repaired.is_some()).count()
+        ),
+    ));
     rows.push((
         "probes: connections opened; failed".into(),
         format!("{}; {}", probes.attempts, probes.failures.len()),

@@ -20,6 +20,9 @@
 //! - `tamper-element`: one Service's element deleted from the agent's `service-ips` map;
 //! - `tamper-chain`: one of the agent's chains flushed, at random (base chains too);
 //! - `tamper-rule`: a foreign rule inserted that lets one Service's packets skip DNAT;
+//!   for each tamper, the time from `nft`'s exit until the table holds again what was
+//!   taken is read back over netlink every 5 ms (the checker's `nft` reads take about a
+//!   second a node, too coarse for a repair the agent makes in milliseconds);
 //! - `state-dir`: the agent's state directory removed under it;
 //! - `clock-step`: the agent's wall clock stepped 1–60 minutes forward for 5–60 s, then
 //!   back to true time (a step back as large). A time namespace cannot step
@@ -114,6 +117,75 @@ pub struct Injected {
     /// Nodes left out of a fault on every node because another fault had them then (that
     /// fault follows them).
     pub left_to_others: usize,
+    /// A tamper: seconds from the `nft` command's exit until the node's table held again
+    /// what was taken (read back over netlink every few milliseconds); `None` when not
+    /// within 30 s or nothing was taken.
+    pub repaired: Option<f64>,
+}
+
+/// What a tamper takes from an agent's table, to time its repair: one Service's element
+/// of `service-ips`, or the rules of a chain (a flushed chain; `nat-prerouting`, where a
+/// foreign rule is inserted).
+#[derive(Debug, Clone)]
+pub enum Mark {
+    Element(std::net::Ipv4Addr),
+    Rules(String),
+}
+
+impl Mark {
+    /// How many of it the table holds now (elements with the Service's key; the chain's
+    /// rules), read over netlink in namespace `netns`: a few milliseconds, where an `nft`
+    /// listing takes half a second here.
+    pub fn count(&self, netns: &str) -> Option<usize> {
+        use proxyplan_agent::kernel::nftables::uapi::NFPROTO_IPV4;
+        use proxyplan_agent::kernel::nftables::{NetlinkNft, NftKernel, TableItem};
+        let mut nft = NetlinkNft::in_netns(netns).ok()?;
+        let mut n = 0;
+        match self {
+            // The key `ip . inet_proto . inet_service`, each in a 4-byte register.
+            Self::Element(vip) => nft
+                .read_elements(NFPROTO_IPV4, "proxyplan", "service-ips", &mut |e| {
+                    if e.key.len() >= 10
+                        && e.key[..4] == vip.octets()
+                        && e.key[4] == 6
+                        && e.key[8..10] == 80u16.to_be_bytes()
+                    {
+                        n += 1;
+                    }
+                })
+                .ok()?,
+            Self::Rules(chain) => {
+                nft.read_table(NFPROTO_IPV4, "proxyplan", &mut |item| {
+                    if let TableItem::Rule(rule) = item
+                        && rule.chain == *chain
+                    {
+                        n += 1;
+                    }
+                })
+                .ok()?;
+            }
+        }
+        Some(n)
+    }
+
+    /// Seconds until the table holds `before` of it again (any rules again, for a flushed
+    /// chain the churn may also change), polled every 5 ms for up to 30 s.
+    pub fn restored(&self, netns: &str, before: usize) -> Option<f64> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            let now = self.count(netns);
+            let back = match (self, now) {
+                (_, None) => false,
+                (Self::Rules(chain), Some(n)) if chain != "nat-prerouting" => n > 0,
+                (_, Some(n)) => n == before,
+            };
+            if back {
+                return Some(started.elapsed().as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
 }
 
 /// A process the soak may kill and start again, and how to start it.
@@ -305,6 +377,8 @@ impl Soak {
         // The Service a tamper hit: it must read back right, even while a write of it is
         // in flight.
         let mut tampered = None;
+        // A tamper's own repair, read back over netlink: seconds from nft's exit.
+        let mut repaired = None;
         println!("fleet bench: fault {kind} on {scope:?}");
         match kind {
             "agent-kill" => {
@@ -415,6 +489,22 @@ impl Soak {
                 } else {
                     None
                 };
+                let mark = match kind {
+                    "tamper-element" => Some(Mark::Element(vip)),
+                    "tamper-rule" => Some(Mark::Rules("nat-prerouting".to_owned())),
+                    _ => chain.clone().map(Mark::Rules),
+                };
+                let netns = self.netnses[k].clone();
+                let before = match mark {
+                    Some(mark) => {
+                        let netns = netns.clone();
+                        tokio::task::spawn_blocking(move || mark.count(&netns).map(|n| (mark, n)))
+                            .await
+                            .ok()
+                            .flatten()
+                    }
+                    None => None,
+                };
                 let done = match kind {
                     "tamper-element" => self.netns_run(
                         k,
@@ -445,8 +535,25 @@ impl Soak {
                         None => Err("no chain to flush".to_owned()),
                     },
                 };
+                if done.is_ok()
+                    && let Some((mark, before)) = before
+                    // Nothing there to take away: nothing to repair.
+                    && before > 0
+                {
+                    repaired = tokio::task::spawn_blocking(move || mark.restored(&netns, before))
+                        .await
+                        .ok()
+                        .flatten();
+                }
                 detail = match done {
-                    Ok(_) => format!("{detail}: {}", chain.unwrap_or(name)),
+                    Ok(_) => format!(
+                        "{detail}: {}; {}",
+                        chain.unwrap_or(name),
+                        repaired.map_or("not repaired within 30 s".to_owned(), |r| format!(
+                            "repaired {:.0} ms after nft returned (read back over netlink)",
+                            r * 1e3
+                        ))
+                    ),
                     // The Service had no element or chain there (no endpoints): nothing
                     // was changed, which the recovery time shows as 0.
                     Err(e) => format!("{detail}: {name} not tampered ({e})"),
@@ -496,6 +603,7 @@ impl Soak {
             settled,
             overlapped,
             left_to_others,
+            repaired,
         });
     }
 
