@@ -743,20 +743,26 @@ async fn failing_syncs_degrade_and_flip_healthz_to_503() {
     agent.stop().await;
 }
 
-/// nftables mode asks the kernel every --tamper-check-interval whether someone else
-/// changed its table: a change found is repaired at once, long before the periodic resync
-/// (60 s here); nothing found, nothing is synced.
-#[tokio::test]
-async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
+/// An nftables-mode agent with `tamper_check_interval`, synced once with plan p1.
+async fn nftables_agent(tamper_check_interval: Duration) -> Harness {
     let mut settings = settings();
     settings.mode = ProxyMode::Nftables;
-    settings.tamper_check_interval = Duration::from_millis(100);
+    settings.tamper_check_interval = tamper_check_interval;
     let mut agent = start(settings, |api| {
         put_cluster(api, 0);
         api.put_plan(&plan("p1", &[]));
     })
     .await;
     agent.first_sync().await;
+    agent
+}
+
+/// nftables mode asks the kernel every --tamper-check-interval whether someone else
+/// changed its table: a change found is repaired at once, long before the periodic resync
+/// (60 s here); nothing found, nothing is synced.
+#[tokio::test]
+async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
+    let mut agent = nftables_agent(Duration::from_millis(100)).await;
     // Intact: checked, not synced.
     for _ in 0..3 {
         match agent.dataplane.next_call().await {
@@ -788,15 +794,7 @@ async fn a_tampered_table_is_repaired_at_the_next_tamper_check() {
 /// once, which repairs what it finds, and an alarm with nothing changed syncs nothing.
 #[tokio::test]
 async fn the_change_alarm_runs_the_tamper_check_at_once() {
-    let mut settings = settings();
-    settings.mode = ProxyMode::Nftables;
-    settings.tamper_check_interval = Duration::from_secs(3600);
-    let mut agent = start(settings, |api| {
-        put_cluster(api, 0);
-        api.put_plan(&plan("p1", &[]));
-    })
-    .await;
-    agent.first_sync().await;
+    let mut agent = nftables_agent(Duration::from_secs(3600)).await;
     // The first check is due at once; the next one in an hour.
     assert!(matches!(
         agent.dataplane.next_call().await,

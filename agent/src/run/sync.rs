@@ -84,15 +84,16 @@ impl SyncLoop {
         status: watch::Sender<Option<NodeProxyPlanStatus>>,
         http: tokio::runtime::Handle,
     ) -> Result<Self, RunError> {
+        // nftables mode: the tamper check, and its change alarm with it.
+        let tamper_check = (settings.mode == ProxyMode::Nftables
+            && !settings.tamper_check_interval.is_zero())
+        .then_some(settings.tamper_check_interval);
         Ok(Self {
             node: settings.node_name.clone(),
             mode: settings.mode,
             cache: PlanCache::default(),
-            dataplane: DataplaneThread::spawn_with(
-                dataplane,
-                settings.mode == ProxyMode::Nftables && !settings.tamper_check_interval.is_zero(),
-            )
-            .map_err(RunError::DataplaneThread)?,
+            dataplane: DataplaneThread::spawn_with(dataplane, tamper_check.is_some())
+                .map_err(RunError::DataplaneThread)?,
             schedule: SyncSchedule::new(
                 settings.min_sync_interval,
                 settings.sync_period,
@@ -126,9 +127,7 @@ impl SyncLoop {
             health,
             state_dir: settings.state_dir.clone(),
             recorded: None,
-            tamper_check: (settings.mode == ProxyMode::Nftables
-                && !settings.tamper_check_interval.is_zero())
-            .then_some(settings.tamper_check_interval),
+            tamper_check,
             tamper_due: Instant::now(),
             programmed_through: None,
         })

@@ -339,10 +339,7 @@ impl NftKernel for NetlinkNft {
         if !listening {
             // Listening starts now (or again, for a new socket): what happened before is
             // unknown.
-            let opened = match &self.netns {
-                Some(path) => in_namespace(path, NftMonitor::open),
-                None => NftMonitor::open(),
-            };
+            let opened = self.open_monitor();
             self.heard = Heard::default();
             self.monitor = match opened {
                 Ok(monitor) => Some(Listening {
@@ -371,11 +368,7 @@ impl NftKernel for NetlinkNft {
     }
 
     fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {
-        let opened = match &self.netns {
-            Some(path) => in_namespace(path, NftMonitor::open),
-            None => NftMonitor::open(),
-        };
-        match opened {
+        match self.open_monitor() {
             Ok(monitor) => Some(Box::new(TableAlarm::new(
                 monitor,
                 Arc::clone(&self.port),
@@ -390,6 +383,14 @@ impl NftKernel for NetlinkNft {
 }
 
 impl NetlinkNft {
+    /// A socket hearing every nf_tables commit in this handle's namespace.
+    fn open_monitor(&self) -> io::Result<NftMonitor> {
+        match &self.netns {
+            Some(path) => in_namespace(path, NftMonitor::open),
+            None => NftMonitor::open(),
+        }
+    }
+
     /// Reads what the monitor heard into [`NetlinkNft::heard`]; a failing monitor is
     /// closed (the next check starts listening again).
     fn drain_announcements(&mut self) -> io::Result<()> {

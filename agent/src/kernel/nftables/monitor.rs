@@ -117,9 +117,7 @@ impl NftMonitor {
             }
         }
     }
-}
 
-impl NftMonitor {
     /// Waits up to `timeout` (`None`: for ever) until an announcement is waiting; false
     /// when the time ran out first.
     ///

@@ -3,9 +3,9 @@
 //!
 //! The kernel is read (one table per family, [`HeldTable`]) on the first sync, after a
 //! failure, and by the tamper check ([`Dataplane::rules_intact`]) when someone else
-//! changed the table, which sends the repair from that same read. Every other sync compares the new plan with the last one entry
-//! by entry ([`diff::update`]): one endpoint change is a handful of map elements in one
-//! small transaction. The tamper check costs one request while nobody else commits to
+//! changed the table, which sends the repair from that same read. Every other sync
+//! compares the new plan with the last one entry by entry ([`diff::update`]): one
+//! endpoint change is a handful of map elements in one small transaction. The tamper check costs one request while nobody else commits to
 //! nf_tables (the ruleset's generation is where the agent's last commit left it); when
 //! the generation moved, nf_tables' announcements say whether the table was touched, and
 //! only then is it read, compared and repaired. Its change alarm
