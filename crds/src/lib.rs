@@ -18,6 +18,7 @@ pub mod lenient;
 mod revision;
 pub mod runtime;
 mod validate;
+pub mod watch;
 
 pub use compact_str::{CompactString, ToCompactString};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -200,6 +200,16 @@ impl Backoff {
     }
 }
 
+/// `410 Gone`: the version a watch or a list continuation named is no longer held.
+fn gone(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
 /// Between half and all of `step`, at random.
 fn jitter(step: Duration) -> Duration {
     let random = RandomState::new().hash_one(std::time::SystemTime::now());
@@ -218,7 +228,7 @@ pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Retries a watch with [`Backoff`] between failures (from [`WATCH_BACKOFF_INITIAL`]
 /// to [`WATCH_BACKOFF_MAX`]), except that `410 Gone` (the resource version expired, for
-/// instance after an API server restart) re-lists at once: waiting would only delay the
+/// instance after an API server restart, or a list continuation's snapshot) re-lists at once: waiting would only delay the
 /// list that must come anyway.
 pub fn watch_backoff<T: Send>(
     stream: impl Stream<Item = Result<T, watcher::Error>> + Send,
@@ -237,7 +247,7 @@ pub fn watch_backoff<T: Send>(
                     }
                     None
                 }
-                Err(watcher::Error::WatchError(status)) if status.code == 410 => None,
+                Err(err) if gone(err) => None,
                 Err(_) => backoff.lock().ok().map(|mut b| b.next_delay()),
             };
             if let Some(delay) = delay {

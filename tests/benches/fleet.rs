@@ -1221,6 +1221,19 @@ async fn main() {
         println!("fleet bench: run with cargo bench (it needs root and 15 minutes)");
         return;
     }
+    // The checker, the faults and the probes run these; without them the run would go on
+    // and measure nothing (a fresh machine: `bash tests/setup.sh` installs them).
+    for tool in ["nft", "ip"] {
+        let found = std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok();
+        assert!(
+            found,
+            "fleet bench: `{tool}` is not installed (bash tests/setup.sh installs what the \
+             benches need)"
+        );
+    }
     let proxy: String = env_or("FLEET_PROXY", "proxyplan".to_owned());
     let kube_proxy = match proxy.as_str() {
         "proxyplan" => false,
@@ -2208,7 +2221,7 @@ async fn main() {
         .collect();
     if soak && clocks.is_empty() {
         println!(
-            "fleet bench: SKIPPED clock-step faults: {} is missing (apt-get install faketime)",
+            "fleet bench: SKIPPED clock-step faults: {} is missing (apt-get install faketime, or bash tests/setup.sh)",
             faults::LIBFAKETIME
         );
     }

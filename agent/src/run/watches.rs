@@ -6,14 +6,21 @@
 //! plan's status, and the watch goes on. Failed watches retry with a short, capped
 //! backoff, and re-list at once after `410 Gone`, so changes flow again within seconds of
 //! an API server coming back.
+//!
+//! Both are listed from the API server's watch cache, a page at a time
+//! ([`proxyplan_crds::watch::cached`]). A quorum read, where the API server cannot serve
+//! consistent reads from its cache (etcd before 3.4.31 or 3.5.13, as in the test control
+//! plane), pages through etcd and decodes every stored Service plan again, for every
+//! agent of a fleet that starts at once.
 
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use proxyplan_crds::lenient::Lenient;
 use proxyplan_crds::runtime::watch_backoff;
+use proxyplan_crds::watch::{Selector, cached};
 use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan};
 
 /// One watch event.
@@ -67,13 +74,13 @@ impl Watches {
     pub fn all(&self) -> InputStream {
         let plan = watch_stream(
             Api::<Lenient<NodeProxyPlan>>::all(self.client.clone()),
-            watcher::Config::default().fields(&plan_field_selector(&self.node)),
+            Selector::fields(&plan_field_selector(&self.node)),
             "NodeProxyPlan",
             Input::Plan,
         );
         let services = watch_stream(
             Api::<Lenient<ServiceProxyPlan>>::all(self.client.clone()),
-            watcher::Config::default().labels(&service_plan_selector()),
+            Selector::labels(&service_plan_selector()),
             "ServiceProxyPlan",
             Input::Service,
         );
@@ -83,7 +90,7 @@ impl Watches {
 
 fn watch_stream<K>(
     api: Api<K>,
-    config: watcher::Config,
+    selector: Selector,
     kind: &'static str,
     wrap: fn(Event<K>) -> Input,
 ) -> InputStream
@@ -91,10 +98,8 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
 {
-    Box::pin(
-        watch_backoff(watcher::watcher(api, config)).map(move |r| match r {
-            Ok(event) => wrap(event),
-            Err(err) => Input::WatchError(kind, err.to_string()),
-        }),
-    )
+    Box::pin(watch_backoff(cached(api, selector)).map(move |r| match r {
+        Ok(event) => wrap(event),
+        Err(err) => Input::WatchError(kind, err.to_string()),
+    }))
 }

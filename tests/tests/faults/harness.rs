@@ -554,6 +554,25 @@ impl Faults {
         Ok(list.items.into_iter().map(|p| (p.name_any(), p)).collect())
     }
 
+    /// The sum of the API server's samples of metric `name` that carry every label of
+    /// `labels` (`key="value"`).
+    pub async fn apiserver_metric(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let text = self
+            .client
+            .request_text(request)
+            .await
+            .map_err(|e| format!("the API server's /metrics: {e}"))?;
+        let series = format!("{name}{{");
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(&series) && labels.iter().all(|label| l.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
     /// A controller's metric value (the first series starting with `series`).
     pub async fn controller_metric(&self, index: usize, series: &str) -> Result<f64, String> {
         let controller = self.controllers.get(index).ok_or("no such controller")?;

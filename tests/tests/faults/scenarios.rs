@@ -74,6 +74,9 @@ fn line_diff(before: &str, after: &str) -> String {
 
 use proxyplan_tests::metrics::sample as metric;
 
+/// The label the API server's storage metrics give Service plans.
+const SERVICE_PLANS: &str = "resource=\"serviceproxyplans\"";
+
 impl Faults {
     /// The agent is killed and started again on the same kernel: the rules stay while it
     /// is gone, and its first sync after the restart changes nothing.
@@ -93,6 +96,10 @@ impl Faults {
         if while_gone != before {
             return Err("the rules changed while the agent was gone".to_owned());
         }
+        // Nothing else lists Service plans meanwhile (the controller lists only when it
+        // starts): every list from here on is the restarted agent's.
+        let cache_before = self.cache_lists().await?;
+        let etcd_before = self.etcd_lists().await?;
         let started = Instant::now();
         self.start_agent().await?;
         let port = self.agent.as_ref().map_or(10256, |a| a.healthz_port);
@@ -109,16 +116,155 @@ impl Faults {
         if !livez.starts_with("HTTP/1.1 200") && !livez.starts_with("HTTP/1.0 200") {
             return Err(format!("/livez after the restart: {livez}"));
         }
+        let cache_lists = self.cache_lists().await? - cache_before;
+        let etcd_lists = self.etcd_lists().await? - etcd_before;
+        if cache_lists < 1.0 || etcd_lists > 0.0 {
+            return Err(format!(
+                "the restarted agent's list of the Service plans: {cache_lists} from the API \
+                 server's watch cache, {etcd_lists} from etcd (want at least one, and none)"
+            ));
+        }
         self.report.add(
             "agent restart",
             "SIGKILL the agent, 1 s later start it again on the same kernel",
             &format!(
                 "rules unchanged while it was gone and after; first sync {} after start; \
-                 nat table identical (nothing rewritten)",
+                 nat table identical (nothing rewritten); its Service plans listed from the \
+                 API server's watch cache ({cache_lists} lists), none from etcd",
                 secs(took)
             ),
         );
         Ok(())
+    }
+
+    /// A list of more Service plans than one page holds, as the agent lists them
+    /// ([`proxyplan_crds::watch::cached`]): every object once, between `Init` and
+    /// `InitDone`, in pages the API server serves from its watch cache (none read from
+    /// etcd); then the watch goes on from the list's version, with an object created and
+    /// one deleted.
+    pub async fn cached_list(&mut self) -> Result<(), String> {
+        use futures::{StreamExt, TryStreamExt, stream};
+        use kube::runtime::watcher::Event;
+        use proxyplan_crds::watch::{PAGE_SIZE, Selector, cached};
+        use proxyplan_crds::{ServiceProxyPlan, ServiceProxyPlanSpec};
+
+        const COUNT: u32 = 1_100;
+        let label = "proxyplan.dev/list-test";
+        let api: Api<ServiceProxyPlan> = Api::namespaced(self.client.clone(), &self.namespace);
+        let object = |name: String| {
+            let mut plan = ServiceProxyPlan::new(
+                &name,
+                ServiceProxyPlanSpec {
+                    revision: "list-test".to_owned(),
+                    service_ports: Vec::new(),
+                    summary: None,
+                },
+            );
+            plan.metadata.labels = Some([(label.to_owned(), "yes".to_owned())].into());
+            plan
+        };
+        stream::iter((0..COUNT).map(|i| {
+            let (api, plan) = (api.clone(), object(format!("listed-{i:04}")));
+            async move {
+                api.create(&PostParams::default(), &plan)
+                    .await
+                    .map_err(|e| format!("creating Service plan {i}: {e}"))
+            }
+        }))
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+
+        let cache_before = self.cache_lists().await?;
+        let etcd_before = self.etcd_lists().await?;
+        let all: Api<ServiceProxyPlan> = Api::all(self.client.clone());
+        let mut events = Box::pin(cached(all, Selector::labels(&format!("{label}=yes"))));
+        let mut next = async || {
+            tokio::time::timeout(WAIT, events.next())
+                .await
+                .map_err(|_| format!("no watch event within {}", secs(WAIT)))?
+                .ok_or("the watch ended")?
+                .map_err(|e| format!("the watch failed: {e}"))
+        };
+        if !matches!(next().await?, Event::Init) {
+            return Err("the list did not begin with Init".to_owned());
+        }
+        let mut listed = std::collections::BTreeSet::new();
+        loop {
+            match next().await? {
+                Event::InitApply(plan) => {
+                    if !listed.insert(plan.name_any()) {
+                        return Err(format!("{} listed twice", plan.name_any()));
+                    }
+                }
+                Event::InitDone => break,
+                other => return Err(format!("during the list: {other:?}")),
+            }
+        }
+        let expected: std::collections::BTreeSet<String> =
+            (0..COUNT).map(|i| format!("listed-{i:04}")).collect();
+        if listed != expected {
+            return Err(format!(
+                "listed {} Service plans, want {COUNT}: missing {:?}",
+                listed.len(),
+                expected.difference(&listed).take(5).collect::<Vec<_>>()
+            ));
+        }
+        let pages = self.cache_lists().await? - cache_before;
+        let from_etcd = self.etcd_lists().await? - etcd_before;
+        let want_pages = f64::from(COUNT.div_ceil(PAGE_SIZE));
+        if pages < want_pages || from_etcd > 0.0 {
+            return Err(format!(
+                "{COUNT} Service plans listed in {pages} pages from the watch cache and {from_etcd} \
+                 lists from etcd (want {want_pages} pages, none from etcd)"
+            ));
+        }
+
+        // The watch goes on from the list's version.
+        api.create(&PostParams::default(), &object("listed-new".to_owned()))
+            .await
+            .map_err(|e| format!("creating listed-new: {e}"))?;
+        match next().await? {
+            Event::Apply(plan) if plan.name_any() == "listed-new" => {}
+            other => return Err(format!("after a create: {other:?}")),
+        }
+        api.delete("listed-0000", &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting listed-0000: {e}"))?;
+        match next().await? {
+            Event::Delete(plan) if plan.name_any() == "listed-0000" => {}
+            other => return Err(format!("after a delete: {other:?}")),
+        }
+        api.delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{label}=yes")),
+        )
+        .await
+        .map_err(|e| format!("deleting the listed Service plans: {e}"))?;
+        self.report.add(
+            "a list larger than a page",
+            &format!("{COUNT} Service plans listed as the agent lists them, then one created, one deleted"),
+            &format!(
+                "every one once, in {pages} pages from the API server's watch cache, none read \
+                 from etcd; the watch then saw the create and the delete"
+            ),
+        );
+        Ok(())
+    }
+
+    /// Lists of Service plans the API server served from its watch cache.
+    async fn cache_lists(&self) -> Result<f64, String> {
+        self.apiserver_metric("apiserver_cache_list_total", &[SERVICE_PLANS])
+            .await
+    }
+
+    /// Lists of Service plans the API server read from etcd.
+    async fn etcd_lists(&self) -> Result<f64, String> {
+        self.apiserver_metric(
+            "etcd_requests_total",
+            &["operation=\"list\"", SERVICE_PLANS],
+        )
+        .await
     }
 
     /// The node plan's Ready condition: status, reason, message.
