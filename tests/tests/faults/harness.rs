@@ -565,23 +565,14 @@ impl Faults {
             .request_text(request)
             .await
             .map_err(|e| format!("the API server's /metrics: {e}"))?;
-        let series = format!("{name}{{");
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with(&series) && labels.iter().all(|label| l.contains(label)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(summed(&text, &format!("{name}{{"), labels))
     }
 
     /// A controller's metric value (the first series starting with `series`).
     pub async fn controller_metric(&self, index: usize, series: &str) -> Result<f64, String> {
         let controller = self.controllers.get(index).ok_or("no such controller")?;
         let text = http_get_text(controller.metrics, "/metrics").await?;
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with(series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(summed(&text, series, &[]))
     }
 
     /// Stops every process and removes what the suite made (the control plane goes on
@@ -635,6 +626,15 @@ pub fn slice_object(
         "endpoints": endpoints
     }))
     .map_err(|e| e.to_string())
+}
+
+/// The sum of the samples in a Prometheus exposition whose line starts with `prefix` and
+/// carries every label of `labels` (`key="value"`).
+fn summed(text: &str, prefix: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// `GET path` on `address`: the body, when it answers 200.
