@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError};
 use proxyplan_agent::kernel::CommandRunner;
 use proxyplan_agent::kernel::nftables::{
-    ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Transaction,
+    ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Touched, Transaction,
 };
 use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_controller::Planner;
@@ -99,7 +99,7 @@ impl NftKernel for Timed {
         &mut self,
         name: &str,
         generation: u32,
-    ) -> Result<Option<bool>, DataplaneError> {
+    ) -> Result<Option<Touched>, DataplaneError> {
         self.inner.changed_by_others(name, generation)
     }
 
@@ -148,10 +148,13 @@ struct SizeResult {
     intact_after_foreign: Duration,
     intact_after_foreign_listening: Duration,
     /// A chain flushed by hand, from the `nft` command's exit: the change alarm went
-    /// off, the tamper check found it, the sync repaired it.
+    /// off; the tamper check found and rewrote it.
     flushed_alarm: Duration,
-    flushed_found: Duration,
     flushed_repaired: Duration,
+    /// The same for the map every ClusterIP is looked up in (every entry rendered).
+    map_flushed_repaired: Duration,
+    /// A chain made in the agent's table by someone else: read, and repaired.
+    chain_made_repaired: Duration,
     cleanup: Duration,
     bench_hwm_kib: u64,
     binary: BinaryResult,
@@ -304,35 +307,47 @@ fn run_size(services: usize) -> SizeResult {
     result.intact_after_foreign = someone_else(&["add", "table", "inet", "someone-else"]);
     result.intact_after_foreign_listening =
         someone_else(&["add", "chain", "inet", "someone-else", "c"]);
-    // Someone flushes the chain every Service's traffic goes through: what the agent's
-    // change alarm and tamper check do about it, from the `nft` command's exit.
+    // Someone flushes the chain every Service's traffic goes through, then the map every
+    // ClusterIP is looked up in, then makes a chain in the agent's table: what the
+    // agent's change alarm and tamper check do about each, from the `nft` command's exit.
+    // The first two are named by nf_tables' announcements and rewritten without a read;
+    // the last names nothing, and is read and repaired from the read.
     let mut alarm = dp.change_alarm().expect("nf_tables announces its commits");
-    let status = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.0,
-            "nft",
-            "flush",
-            "chain",
-            "ip",
-            "proxyplan",
-            "services",
-        ])
-        .status();
-    assert!(status.is_ok_and(|s| s.success()), "nft flush");
-    let start = Instant::now();
-    assert!(alarm.wait(Some(Duration::from_secs(10))).expect("alarm"));
-    result.flushed_alarm = start.elapsed();
-    assert!(
-        !dp.rules_intact().expect("tamper check"),
-        "the flush went unseen"
-    );
-    result.flushed_found = start.elapsed();
     let merged = Arc::new(objects.merged());
-    dp.sync_shared(&merged, false).expect("repair");
-    result.flushed_repaired = start.elapsed();
-    assert!(dp.rules_intact().expect("tamper check"));
+    let mut tamper = |what: &[&str]| {
+        let status = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "nft"])
+            .args(what)
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "nft {what:?}");
+        let start = Instant::now();
+        assert!(alarm.wait(Some(Duration::from_secs(10))).expect("alarm"));
+        let alarmed = start.elapsed();
+        dp.kernel().commits = Duration::ZERO;
+        assert!(
+            !dp.rules_intact().expect("tamper check"),
+            "{what:?} went unseen"
+        );
+        let repaired = start.elapsed();
+        eprintln!(
+            "nftables bench: {what:?} repaired in {repaired:?}, {:?} of it nf_tables commits",
+            dp.kernel().commits
+        );
+        // The check's repair was whole: a sync finds nothing left to send.
+        dp.sync_shared(&merged, false)
+            .expect("sync after the repair");
+        assert_eq!(
+            dp.sent(),
+            (0, 0),
+            "{what:?}: the repair left work for the sync"
+        );
+        assert!(dp.rules_intact().expect("tamper check"));
+        (alarmed, repaired)
+    };
+    (result.flushed_alarm, result.flushed_repaired) =
+        tamper(&["flush", "chain", "ip", "proxyplan", "services"]);
+    (_, result.map_flushed_repaired) = tamper(&["flush", "map", "ip", "proxyplan", "service-ips"]);
+    (_, result.chain_made_repaired) = tamper(&["add", "chain", "ip", "proxyplan", "someone-elses"]);
     let start = Instant::now();
     dp.cleanup().expect("cleanup");
     result.cleanup = start.elapsed();
@@ -490,13 +505,15 @@ fn print_table(results: &[SizeResult]) {
             "",
         ),
         (
-            "chain flushed by hand: alarm / found / repaired (from nft's exit)",
+            "by hand: chain `services` flushed, alarm / repaired; map `service-ips` flushed; \
+             a chain made (read) (from nft's exit)",
             |r| {
                 format!(
-                    "{} / {} / {}",
+                    "{} / {}; {}; {}",
                     time(r.flushed_alarm),
-                    time(r.flushed_found),
-                    time(r.flushed_repaired)
+                    time(r.flushed_repaired),
+                    time(r.map_flushed_repaired),
+                    time(r.chain_made_repaired)
                 )
             },
             "",

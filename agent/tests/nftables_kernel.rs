@@ -10,7 +10,7 @@ mod support;
 use proxyplan_agent::dataplane::{ChangeAlarm, Dataplane, DataplaneError};
 use proxyplan_agent::kernel::CommandRunner;
 use proxyplan_agent::kernel::nftables::{
-    ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Transaction,
+    ElementRef, NetlinkNft, NftKernel, Refusal, TableItem, Touched, Transaction,
 };
 use proxyplan_agent::modes::nftables::{NftablesDataplane, NftablesSettings};
 use proxyplan_crds::{EmptyAction, MergedPlan, SessionAffinity, TrafficPlan, TrafficPolicy};
@@ -153,7 +153,7 @@ impl NftKernel for Counting {
         &mut self,
         name: &str,
         generation: u32,
-    ) -> Result<Option<bool>, DataplaneError> {
+    ) -> Result<Option<Touched>, DataplaneError> {
         self.inner.changed_by_others(name, generation)
     }
 
@@ -166,7 +166,8 @@ impl NftKernel for Counting {
 /// proxy, a firewall) move the ruleset's generation; once the agent listens to nf_tables'
 /// announcements they cost the tamper check no read-back of the table (0.7 to 0.9 s at
 /// 10,000 Services, with changes waiting behind it). A change to the agent's own table by
-/// someone else is still noticed, and read.
+/// someone else is still noticed, and repaired (without a read either: see
+/// `what_others_touched_is_rewritten_without_reading_the_table`).
 #[test]
 fn others_commits_elsewhere_cost_no_read_back() {
     let Some(ns) = netns() else { return };
@@ -201,7 +202,6 @@ fn others_commits_elsewhere_cost_no_read_back() {
         !dp.rules_intact().expect("check"),
         "a flushed chain went unnoticed"
     );
-    assert!(dp.kernel().reads > reads);
     dp.sync(&special_cluster(), false).expect("repair");
     assert!(dp.rules_intact().expect("check"));
 }
@@ -263,6 +263,95 @@ fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
         );
         assert!(dp.rules_intact().expect("check"));
     }
+}
+
+/// What someone else touched in the agent's table, as nf_tables' announcements name it
+/// (a chain flushed or given a rule, a map flushed or an element deleted, in either
+/// family), is rewritten from the last plan without reading the table: a flushed chain
+/// that every Service shares is back in one small transaction, not after a read of the
+/// whole table (0.75 s at 10,000 Services, while its Services have no rules). A change
+/// the announcements cannot scope (a chain made in the table) is still read, and
+/// repaired from the read.
+#[test]
+fn what_others_touched_is_rewritten_without_reading_the_table() {
+    let Some(ns) = netns() else { return };
+    let mut dp = NftablesDataplane::new(
+        NftablesSettings::default(),
+        Counting {
+            inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
+            reads: 0,
+        },
+        CommandRunner::in_netns(&ns.name),
+    );
+    dp.sync(&special_cluster(), false).expect("sync");
+    // Listening starts with the first check.
+    assert!(dp.rules_intact().expect("check"));
+    let list = |family: &str| ns.run(&["nft", "list", "table", family, "proxyplan"]);
+    let (synced4, synced6) = (list("ip"), list("ip6"));
+    let named = |prefix: &str| {
+        synced4
+            .lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(ToOwned::to_owned)
+            .unwrap_or_else(|| panic!("no {prefix:?} in\n{synced4}"))
+    };
+    let shared = named("chain lb-");
+    let shared = format!("lb-{shared}");
+    let endpoints = named("map endpoints-");
+    let endpoints = format!("endpoints-{endpoints}");
+    let reads = dp.kernel().reads;
+    let tampers: Vec<Vec<String>> = [
+        "flush chain ip proxyplan services",
+        &format!("flush chain ip proxyplan {shared}"),
+        "insert rule ip proxyplan nat-prerouting counter drop",
+        "flush map ip proxyplan service-ips",
+        "delete element ip proxyplan service-ips { 10.96.0.60 . tcp . 80 }",
+        &format!("flush map ip proxyplan {endpoints}"),
+        "flush chain ip6 proxyplan services",
+        "flush chain ip proxyplan services; flush set ip proxyplan cluster-ips; \
+         flush chain ip6 proxyplan nat-output",
+    ]
+    .iter()
+    .map(|t| t.split(' ').map(ToOwned::to_owned).collect())
+    .collect();
+    for tamper in &tampers {
+        let mut command = vec!["nft"];
+        command.extend(tamper.iter().map(String::as_str));
+        ns.run(&command);
+        assert_ne!(
+            (sorted_lines(&list("ip")), sorted_lines(&list("ip6"))),
+            (sorted_lines(&synced4), sorted_lines(&synced6)),
+            "{tamper:?} changed nothing"
+        );
+        assert!(!dp.rules_intact().expect("check"), "{tamper:?} went unseen");
+        assert_eq!(
+            sorted_lines(&list("ip")),
+            sorted_lines(&synced4),
+            "{tamper:?}: ip table not rewritten"
+        );
+        assert_eq!(
+            sorted_lines(&list("ip6")),
+            sorted_lines(&synced6),
+            "{tamper:?}: ip6 table not rewritten"
+        );
+        assert_eq!(
+            dp.kernel().reads,
+            reads,
+            "{tamper:?}: the repair read the table"
+        );
+        assert!(
+            dp.rules_intact().expect("check"),
+            "{tamper:?}: the rewrite did not hold"
+        );
+    }
+    // A chain made in the agent's table: nothing names what to rewrite; read, repaired.
+    ns.run(&["nft", "add", "chain", "ip", "proxyplan", "someone-elses"]);
+    assert!(!dp.rules_intact().expect("check"));
+    assert!(dp.kernel().reads > reads, "an unscoped change was not read");
+    assert_eq!(sorted_lines(&list("ip")), sorted_lines(&synced4));
+    assert!(dp.rules_intact().expect("check"));
 }
 
 /// `nft list` output, line by line in order (elements of a map are printed in the order

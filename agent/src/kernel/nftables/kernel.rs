@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::batch::Transaction;
 use super::error::NftCodecError;
-use super::monitor::{Heard, NftMonitor, TableAlarm};
+use super::monitor::{Heard, NftMonitor, TableAlarm, Touched};
 use super::objects::{
     Chain, ElementRef, Rule, Set, decode_elements, dump_elements_request, dump_request,
     get_table_request, split,
@@ -92,9 +92,9 @@ pub trait NftKernel {
     /// When the kernel could not be asked or did not answer.
     fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError>;
 
-    /// Whether anyone but this handle changed the table `name` (of any family) in the
-    /// commits up to `generation` since the last call that answered; `None` when that
-    /// cannot be told (the first call, which starts listening; announcements lost or not
+    /// What anyone but this handle changed in the table `name` (of any family) in the
+    /// commits up to `generation` since the last call that answered (empty: nothing);
+    /// `None` when that cannot be told (the first call, which starts listening; announcements lost or not
     /// all arrived yet; this handle's socket replaced; a kernel that does not announce):
     /// then only a read of the table says.
     ///
@@ -104,7 +104,7 @@ pub trait NftKernel {
         &mut self,
         name: &str,
         generation: u32,
-    ) -> Result<Option<bool>, DataplaneError> {
+    ) -> Result<Option<Touched>, DataplaneError> {
         let _ = (name, generation);
         Ok(None)
     }
@@ -327,7 +327,7 @@ impl NftKernel for NetlinkNft {
         &mut self,
         name: &str,
         generation: u32,
-    ) -> Result<Option<bool>, DataplaneError> {
+    ) -> Result<Option<Touched>, DataplaneError> {
         let own = self
             .socket()?
             .port()
@@ -364,7 +364,7 @@ impl NftKernel for NetlinkNft {
         if !self.heard.covers(generation) {
             return Ok(None);
         }
-        Ok(Some(std::mem::take(&mut self.heard.changed_by_others)))
+        Ok(Some(std::mem::take(&mut self.heard.others)))
     }
 
     fn change_alarm(&mut self, name: &str) -> Option<Box<dyn ChangeAlarm>> {

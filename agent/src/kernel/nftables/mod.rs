@@ -29,6 +29,6 @@ pub use batch::Transaction;
 pub use error::NftCodecError;
 pub use expr::{Data, Expr, Verdict};
 pub use kernel::{NetlinkNft, NftKernel, TableItem};
-pub use monitor::{Heard, NftMonitor, TableAlarm};
+pub use monitor::{Heard, NftMonitor, TableAlarm, Touched};
 pub use objects::{Chain, ElementData, ElementRef, Hook, Rule, Set, Table};
 pub use socket::{NftNetlink, Refusal};

@@ -6,6 +6,7 @@
 //! another proxy, a firewall) then costs a few messages, not a read-back of 10,000
 //! Services (0.7–0.9 s, during which no change could be programmed).
 
+use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -15,7 +16,10 @@ use std::time::Duration;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-use super::uapi::{NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN};
+use super::uapi::{
+    NFNL_SUBSYS_NFTABLES, NFT_MSG_DELRULE, NFT_MSG_DELSETELEM, NFT_MSG_NEWGEN, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWSETELEM, NFTA_RULE_CHAIN, NFTA_SET_ELEM_LIST_SET,
+};
 use crate::kernel::ChangeAlarm;
 use crate::kernel::netlink::frame;
 
@@ -31,12 +35,56 @@ const READ_CHUNK: usize = 256 * 1024;
 /// message (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`,
 /// `NFTA_SET_ELEM_LIST_TABLE`, `NFTA_OBJ_TABLE`, `NFTA_FLOWTABLE_TABLE`).
 const TABLE_ATTRIBUTE: u16 = 1;
+/// How many chains and sets [`Touched`] names before it stops naming them (a tamperer
+/// rewriting the whole table is repaired from a read).
+const TOUCHED_LIMIT: usize = 64;
 
-/// What the announcements drained so far said, until [`Heard::take`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What others changed in the table asked about, as their announcements name it: the
+/// chains whose rules they added, replaced or deleted, the sets whose elements they
+/// added or deleted. Anything else (the table, a chain or a set itself made or deleted, a
+/// stateful object, an announcement not understood, too many names) only a read of the
+/// table can tell: `unscoped`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Chains, as `(nfproto family, name)`.
+    pub chains: BTreeSet<(u8, String)>,
+    /// Sets and maps, as `(nfproto family, name)`.
+    pub sets: BTreeSet<(u8, String)>,
+    /// Something no name covers.
+    pub unscoped: bool,
+}
+
+impl Touched {
+    /// Whether others changed nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        !self.unscoped && self.chains.is_empty() && self.sets.is_empty()
+    }
+
+    fn add(&mut self, other: Self) {
+        self.unscoped |= other.unscoped;
+        self.chains.extend(other.chains);
+        self.sets.extend(other.sets);
+        self.bound();
+    }
+
+    /// Past [`TOUCHED_LIMIT`] names, only a read tells what to repair.
+    fn bound(&mut self) {
+        if self.chains.len() + self.sets.len() > TOUCHED_LIMIT {
+            self.unscoped = true;
+        }
+        if self.unscoped {
+            self.chains.clear();
+            self.sets.clear();
+        }
+    }
+}
+
+/// What the announcements drained so far said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Heard {
-    /// Someone other than the agent's socket changed the table asked about.
-    pub changed_by_others: bool,
+    /// What someone other than the agent's socket changed in the table asked about.
+    pub others: Touched,
     /// Announcements were lost (the socket's buffer overflowed): nothing can be said.
     pub lost: bool,
     /// The newest generation announced (`NFT_MSG_NEWGEN`, sent last for each commit).
@@ -52,8 +100,14 @@ impl Heard {
             .is_some_and(|newest| newest.wrapping_sub(generation) < u32::MAX / 2)
     }
 
+    /// Whether someone other than the agent's socket changed the table asked about.
+    #[must_use]
+    pub fn changed_by_others(&self) -> bool {
+        !self.others.is_empty()
+    }
+
     fn add(&mut self, other: Self) {
-        self.changed_by_others |= other.changed_by_others;
+        self.others.add(other.others);
         self.lost |= other.lost;
         if let Some(generation) = other.newest
             && !self.covers(generation)
@@ -179,7 +233,7 @@ impl ChangeAlarm for TableAlarm {
                 &self.table,
                 &mut heard,
             )?;
-            if heard.changed_by_others || heard.lost {
+            if heard.changed_by_others() || heard.lost {
                 return Ok(true);
             }
             if left.is_some_and(|left| left.is_zero()) {
@@ -200,8 +254,8 @@ pub fn port_of(socket: &Socket) -> io::Result<u32> {
     Ok(address.port_number())
 }
 
-/// What the announcements in `datagram` say: whether one changed `table` and came from a
-/// socket other than `own_port`, and the newest generation announced.
+/// What the announcements in `datagram` say: what those that came from a socket other
+/// than `own_port` changed in `table`, and the newest generation announced.
 #[must_use]
 pub fn read_datagram(datagram: &[u8], own_port: u32, table: &str) -> Heard {
     let mut heard = Heard::default();
@@ -210,7 +264,8 @@ pub fn read_datagram(datagram: &[u8], own_port: u32, table: &str) -> Heard {
         if subsystem != NFNL_SUBSYS_NFTABLES {
             continue;
         }
-        // nlmsghdr (16 bytes), nfgenmsg (4), then the attributes.
+        // nlmsghdr (16 bytes), nfgenmsg (4: family, version, resource id), then the
+        // attributes.
         let attribute = |wanted: u16| {
             message.bytes.get(20..).and_then(|attributes| {
                 frame::attributes(attributes)
@@ -235,24 +290,60 @@ pub fn read_datagram(datagram: &[u8], own_port: u32, table: &str) -> Heard {
         }
         let name = attribute(TABLE_ATTRIBUTE).and_then(|a| a.get_string().ok());
         // An announcement without a table name is taken as one about ours.
-        if name.is_none_or(|name| name == table) {
-            heard.changed_by_others = true;
+        if name.is_some_and(|name| name != table) {
+            continue;
         }
+        let family = message.bytes.get(16).copied();
+        let named = |wanted: u16| {
+            let object = attribute(wanted).and_then(|a| a.get_string().ok())?;
+            Some((family?, object))
+        };
+        let mut touched = Touched::default();
+        match kind {
+            NFT_MSG_NEWRULE | NFT_MSG_DELRULE => match named(NFTA_RULE_CHAIN) {
+                Some(chain) => {
+                    touched.chains.insert(chain);
+                }
+                None => touched.unscoped = true,
+            },
+            NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM => match named(NFTA_SET_ELEM_LIST_SET) {
+                Some(set) => {
+                    touched.sets.insert(set);
+                }
+                None => touched.unscoped = true,
+            },
+            _ => touched.unscoped = true,
+        }
+        heard.others.add(touched);
     }
     heard
 }
 
 #[cfg(test)]
 mod tests {
-    use super::read_datagram;
+    use super::{TOUCHED_LIMIT, read_datagram};
 
-    /// One announcement: nlmsghdr, nfgenmsg, a table-name attribute.
-    fn announcement(kind: u8, port: u32, table: &str) -> Vec<u8> {
-        let mut name = table.as_bytes().to_vec();
-        name.push(0);
-        let attribute_len = 4 + name.len();
-        let padded = attribute_len.div_ceil(4) * 4;
-        let total = 16 + 4 + padded;
+    /// One attribute: length, type, the string's bytes with their NUL, padding.
+    fn string_attribute(kind: u16, value: &str) -> Vec<u8> {
+        let mut bytes = value.as_bytes().to_vec();
+        bytes.push(0);
+        let len = 4 + bytes.len();
+        let mut out = Vec::new();
+        out.extend_from_slice(&u16::try_from(len).unwrap_or(0).to_ne_bytes());
+        out.extend_from_slice(&kind.to_ne_bytes());
+        out.extend_from_slice(&bytes);
+        out.resize(len.div_ceil(4) * 4, 0);
+        out
+    }
+
+    /// One announcement of family ip (2): nlmsghdr, nfgenmsg, a table-name attribute
+    /// and, when given, the name of the chain or set (attribute 2).
+    fn announcement_of(kind: u8, port: u32, table: &str, object: Option<&str>) -> Vec<u8> {
+        let mut attributes = string_attribute(1, table);
+        if let Some(object) = object {
+            attributes.extend(string_attribute(2, object));
+        }
+        let total = 16 + 4 + attributes.len();
         let mut out = Vec::new();
         out.extend_from_slice(&u32::try_from(total).unwrap_or(0).to_ne_bytes());
         out.extend_from_slice(&u16::from_be_bytes([10, kind]).to_ne_bytes());
@@ -260,15 +351,16 @@ mod tests {
         out.extend_from_slice(&1u32.to_ne_bytes());
         out.extend_from_slice(&port.to_ne_bytes());
         out.extend_from_slice(&[2, 0, 0, 0]);
-        out.extend_from_slice(&u16::try_from(attribute_len).unwrap_or(0).to_ne_bytes());
-        out.extend_from_slice(&1u16.to_ne_bytes());
-        out.extend_from_slice(&name);
-        out.resize(total, 0);
+        out.extend(attributes);
         out
     }
 
+    fn announcement(kind: u8, port: u32, table: &str) -> Vec<u8> {
+        announcement_of(kind, port, table, None)
+    }
+
     fn changed(datagram: &[u8]) -> bool {
-        read_datagram(datagram, 77, "proxyplan").changed_by_others
+        read_datagram(datagram, 77, "proxyplan").changed_by_others()
     }
 
     #[test]
@@ -283,6 +375,57 @@ mod tests {
         let mut both = announcement(6, 99, "filter");
         both.extend(announcement(8, 99, "proxyplan"));
         assert!(changed(&both));
+    }
+
+    /// A rule added or deleted names its chain, an element its set: the repair rewrites
+    /// those. A chain, a set or the table itself made or deleted names nothing a rewrite
+    /// could cover.
+    #[test]
+    fn what_others_touched_is_named_by_chain_and_set() {
+        let mut datagram = announcement_of(8, 99, "proxyplan", Some("services"));
+        datagram.extend(announcement_of(8, 99, "proxyplan", Some("services")));
+        datagram.extend(announcement_of(6, 99, "proxyplan", Some("nat-prerouting")));
+        datagram.extend(announcement_of(14, 99, "proxyplan", Some("service-ips")));
+        // Ours, and another table's: not counted.
+        datagram.extend(announcement_of(8, 77, "proxyplan", Some("mine")));
+        datagram.extend(announcement_of(8, 99, "filter", Some("input")));
+        let touched = read_datagram(&datagram, 77, "proxyplan").others;
+        assert!(!touched.unscoped);
+        let chains: Vec<(u8, &str)> = touched
+            .chains
+            .iter()
+            .map(|(f, n)| (*f, n.as_str()))
+            .collect();
+        assert_eq!(chains, [(2, "nat-prerouting"), (2, "services")]);
+        let sets: Vec<&str> = touched.sets.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(sets, ["service-ips"]);
+        // DELCHAIN (5), DELSET (11), DELTABLE (2), and a rule without its chain.
+        for kind in [5, 11, 2] {
+            let heard = read_datagram(
+                &announcement_of(kind, 99, "proxyplan", Some("services")),
+                77,
+                "proxyplan",
+            );
+            assert!(heard.others.unscoped, "message {kind} was scoped");
+            assert!(heard.others.chains.is_empty() && heard.others.sets.is_empty());
+        }
+        assert!(
+            read_datagram(&announcement(8, 99, "proxyplan"), 77, "proxyplan")
+                .others
+                .unscoped
+        );
+        // Past the limit, names stop and a read decides.
+        let mut many = Vec::new();
+        for i in 0..=TOUCHED_LIMIT {
+            many.extend(announcement_of(
+                6,
+                99,
+                "proxyplan",
+                Some(&format!("chain-{i}")),
+            ));
+        }
+        let touched = read_datagram(&many, 77, "proxyplan").others;
+        assert!(touched.unscoped && touched.chains.is_empty());
     }
 
     /// NEWGEN (15) carries the new generation, big-endian, as attribute 1.
@@ -302,7 +445,7 @@ mod tests {
         datagram.extend(generation(42));
         let heard = read_datagram(&datagram, 77, "proxyplan");
         assert_eq!(heard.newest, Some(42));
-        assert!(!heard.changed_by_others);
+        assert!(!heard.changed_by_others());
         assert!(heard.covers(42) && heard.covers(41) && !heard.covers(43));
         // Across the wrap of the 32-bit counter.
         let wrapped = read_datagram(&generation(2), 77, "proxyplan");

@@ -405,6 +405,15 @@ pub fn delete_set(family: u8, table: &str, set: &str) -> Vec<u8> {
     frame::finish_message(buf)
 }
 
+/// `NFT_MSG_DELSETELEM` without elements: every element of `set` (`flush set`).
+#[must_use]
+pub fn flush_set(family: u8, table: &str, set: &str) -> Vec<u8> {
+    let mut buf = start(NFT_MSG_DELSETELEM, 0, family);
+    put_str(&mut buf, NFTA_SET_ELEM_LIST_TABLE, table);
+    put_str(&mut buf, NFTA_SET_ELEM_LIST_SET, set);
+    frame::finish_message(buf)
+}
+
 // ---- set elements --------------------------------------------------------------------------
 
 /// A set element's data as a dump carries it: none (a set), a value or a verdict.

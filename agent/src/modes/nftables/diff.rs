@@ -348,6 +348,151 @@ pub fn full(
     Ok((state, stale))
 }
 
+/// Rewrites the chains and sets named (as nf_tables announced that someone else touched
+/// them) to what `entries` and `state` want, writing to `sink` without sending and without
+/// reading the kernel: each chain flushed and given its rules again, each set flushed
+/// and given its elements again. Sent as one transaction, no packet ever meets a
+/// half-rewritten chain or set, and nothing the tamper did not touch is rewritten.
+/// A chain or set the last sync is deleting is flushed or left; a dynamic set (the
+/// affinity maps packets fill) is left, as it holds nothing to restore.
+///
+/// Returns false, having written nothing, when a name is of nothing this family holds:
+/// only a read of the table says what to do then.
+pub fn rewrite(
+    entries: &[&ServicePortPlan],
+    state: &FamilyState,
+    stale: &Stale,
+    chains: &BTreeSet<String>,
+    sets: &BTreeSet<String>,
+    sink: &mut Sink<'_>,
+) -> bool {
+    let ctx = &state.ctx;
+    let mut chain_rules: BTreeMap<&str, Option<ChainDef>> = chains
+        .iter()
+        .filter(|name| !stale.chains.contains(*name))
+        .map(|name| (name.as_str(), None))
+        .collect();
+    let wanted_chain = |chain: ChainDef, into: &mut BTreeMap<&str, Option<ChainDef>>| {
+        if let Some(slot) = into.get_mut(chain.name.as_str()) {
+            *slot = Some(chain);
+        }
+    };
+    for chain in layout::fixed_chains(ctx) {
+        wanted_chain(chain, &mut chain_rules);
+    }
+    for shared in state.shared.keys() {
+        wanted_chain(layout::shared_chain(*shared, ctx), &mut chain_rules);
+    }
+    let fixed: HashSet<String> = layout::fixed_sets().into_iter().map(|s| s.name).collect();
+    // Each set's elements, once it is known to be wanted (a dynamic set: none to write).
+    let mut set_elements: BTreeMap<&str, Option<Vec<Element>>> = sets
+        .iter()
+        .filter(|name| !stale.sets.contains(*name))
+        .map(|name| {
+            let known = fixed.contains(name).then(Vec::new);
+            (name.as_str(), known)
+        })
+        .collect();
+    let every_entry = set_elements.keys().any(|name| fixed.contains(*name));
+    let own: Vec<&str> = chain_rules
+        .iter()
+        .filter(|(_, def)| def.is_none())
+        .map(|(name, _)| *name)
+        .chain(
+            set_elements
+                .keys()
+                .copied()
+                .filter(|name| !fixed.contains(*name)),
+        )
+        .collect();
+    // Dynamic sets: what packets put there is theirs, nothing to restore.
+    let mut dynamic: HashSet<String> = HashSet::new();
+    if every_entry || !own.is_empty() {
+        let renderer = Renderer { ctx };
+        let mut hairpin: HashSet<(IpAddr, u8, u16)> = HashSet::new();
+        let mut cluster_ips: HashSet<IpAddr> = HashSet::new();
+        for entry in entries {
+            // An entry's own objects carry its id in their names.
+            if !every_entry {
+                let id = names::entry_id(entry);
+                if !own.iter().any(|name| name.contains(&id)) {
+                    continue;
+                }
+            }
+            let hash = key_hash(&entry.key);
+            let objects = renderer.entry(entry);
+            for chain in objects.chains {
+                wanted_chain(chain, &mut chain_rules);
+            }
+            for (set, elements) in objects.sets {
+                if let Some(slot) = set_elements.get_mut(set.name.as_str()) {
+                    if set.dynamic() {
+                        dynamic.insert(set.name.clone());
+                    }
+                    *slot = Some(elements);
+                }
+            }
+            if !every_entry {
+                continue;
+            }
+            let mut add = |set: &str, key: Vec<u8>, data: Option<Data>| {
+                if let Some(Some(elements)) = set_elements.get_mut(set) {
+                    elements.push((key, data));
+                }
+            };
+            for (dest, value) in objects.dests {
+                if state.owner(&dest) != Some(hash) {
+                    continue;
+                }
+                if value.shared.is_some() {
+                    for (slot, (ip, port)) in (0u32..).zip(&value.backends) {
+                        let (map, key) = dest.backend_key(slot);
+                        add(&map, key, Some(Data::Value(addr_port_bytes(*ip, *port))));
+                    }
+                }
+                add(
+                    dest.map.name(),
+                    dest.key(),
+                    Some(Data::Verdict(value.verdict)),
+                );
+            }
+            for (ip, proto, port) in objects.hairpin {
+                if hairpin.insert((ip, proto, port)) {
+                    add(names::HAIRPIN, hairpin_key(ip, proto, port), None);
+                }
+            }
+            if let Some(ip) = objects.cluster_ip
+                && cluster_ips.insert(ip)
+            {
+                add(names::CLUSTER_IPS, addr_bytes(ip), None);
+            }
+        }
+    }
+    if chain_rules.values().any(Option::is_none) || set_elements.values().any(Option::is_none) {
+        return false;
+    }
+    for name in chains.iter().filter(|name| stale.chains.contains(*name)) {
+        sink.flush_chain(name);
+    }
+    for chain in chain_rules.into_values().flatten() {
+        sink.flush_chain(&chain.name);
+        for rule in &chain.rules {
+            sink.add_rule(&chain.name, rule);
+        }
+    }
+    for (set, elements) in set_elements {
+        let Some(elements) = elements else { continue };
+        if dynamic.contains(set) {
+            continue;
+        }
+        sink.flush_set(set);
+        for (key, data) in &elements {
+            sink.add_element(set, key, data.as_ref());
+        }
+    }
+    true
+}
+
 /// One entry that changed, came or went.
 #[derive(Debug, Clone, Copy)]
 pub struct Change<'p> {

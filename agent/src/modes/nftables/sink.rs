@@ -12,7 +12,7 @@ use super::rules::RuleText;
 use crate::dataplane::DataplaneError;
 use crate::kernel::Family;
 use crate::kernel::nftables::objects::{
-    comment_userdata, delete_chain, delete_set, delete_table, flush_chain,
+    comment_userdata, delete_chain, delete_set, delete_table, flush_chain, flush_set,
 };
 use crate::kernel::nftables::socket::ERESTART;
 use crate::kernel::nftables::uapi::{NFPROTO_IPV4, NFPROTO_IPV6};
@@ -251,6 +251,15 @@ impl<'k> Sink<'k> {
         self.line(format_args!("flush chain {t} {name}"));
         self.tx
             .push(&flush_chain(nfproto(self.family), names::TABLE, name));
+        self.changed += 1;
+    }
+
+    /// `flush set` / `flush map`: every element.
+    pub fn flush_set(&mut self, name: &str) {
+        let t = self.table();
+        self.line(format_args!("flush set {t} {name}"));
+        self.tx
+            .push(&flush_set(nfproto(self.family), names::TABLE, name));
         self.changed += 1;
     }
 
