@@ -151,7 +151,9 @@ struct SizeResult {
     /// off; the tamper check found and rewrote it.
     flushed_alarm: Duration,
     flushed_repaired: Duration,
-    /// The same for the map every ClusterIP is looked up in (every entry rendered).
+    /// One Service's element deleted from the map every ClusterIP is looked up in.
+    element_deleted_repaired: Duration,
+    /// That map flushed (every entry rendered).
     map_flushed_repaired: Duration,
     /// A chain made in the agent's table by someone else: read, and repaired.
     chain_made_repaired: Duration,
@@ -346,6 +348,21 @@ fn run_size(services: usize) -> SizeResult {
     };
     (result.flushed_alarm, result.flushed_repaired) =
         tamper(&["flush", "chain", "ip", "proxyplan", "services"]);
+    // One Service's element deleted from that map.
+    let element = merged
+        .service_ports
+        .iter()
+        .find(|e| e.protocol == proxyplan_crds::Protocol::TCP && !e.cluster_ip.contains(':'))
+        .map(|e| format!("{{ {} . tcp . {} }}", e.cluster_ip, e.port))
+        .expect("a TCP ClusterIP");
+    (_, result.element_deleted_repaired) = tamper(&[
+        "delete",
+        "element",
+        "ip",
+        "proxyplan",
+        "service-ips",
+        &element,
+    ]);
     (_, result.map_flushed_repaired) = tamper(&["flush", "map", "ip", "proxyplan", "service-ips"]);
     (_, result.chain_made_repaired) = tamper(&["add", "chain", "ip", "proxyplan", "someone-elses"]);
     let start = Instant::now();
@@ -505,13 +522,14 @@ fn print_table(results: &[SizeResult]) {
             "",
         ),
         (
-            "by hand: chain `services` flushed, alarm / repaired; map `service-ips` flushed; \
-             a chain made (read) (from nft's exit)",
+            "by hand: chain `services` flushed, alarm / repaired; one element of `service-ips` \
+             deleted; `service-ips` flushed; a chain made (read) (from nft's exit)",
             |r| {
                 format!(
-                    "{} / {}; {}; {}",
+                    "{} / {}; {}; {}; {}",
                     time(r.flushed_alarm),
                     time(r.flushed_repaired),
+                    time(r.element_deleted_repaired),
                     time(r.map_flushed_repaired),
                     time(r.chain_made_repaired)
                 )

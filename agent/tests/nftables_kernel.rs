@@ -106,10 +106,12 @@ fn holds_rules_reads_the_kernel() {
     assert!(!dataplane(&ns).holds_rules().expect("ask"));
 }
 
-/// [`NetlinkNft`] counting the table reads (the tamper check's read-backs).
+/// [`NetlinkNft`] counting the table reads (the tamper check's read-backs) and the
+/// elements of the transactions committed.
 struct Counting {
     inner: NetlinkNft,
     reads: usize,
+    elements: usize,
 }
 
 impl NftKernel for Counting {
@@ -146,6 +148,7 @@ impl NftKernel for Counting {
     }
 
     fn commit(&mut self, transaction: &mut Transaction) -> Result<Vec<Refusal>, DataplaneError> {
+        self.elements += transaction.elements();
         self.inner.commit(transaction)
     }
 
@@ -176,6 +179,7 @@ fn others_commits_elsewhere_cost_no_read_back() {
         Counting {
             inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
             reads: 0,
+            elements: 0,
         },
         CommandRunner::in_netns(&ns.name),
     );
@@ -266,8 +270,9 @@ fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
 }
 
 /// What someone else touched in the agent's table, as nf_tables' announcements name it
-/// (a chain flushed or given a rule, a map flushed or an element deleted, in either
-/// family), is rewritten from the last plan without reading the table: a flushed chain
+/// (a chain flushed or given a rule, a map flushed, an element deleted, added or
+/// replaced, in either family), is rewritten from the last plan without reading the
+/// table: a flushed chain
 /// that every Service shares is back in one small transaction, not after a read of the
 /// whole table (0.75 s at 10,000 Services, while its Services have no rules). A change
 /// the announcements cannot scope (a chain made in the table) is still read, and
@@ -280,6 +285,7 @@ fn what_others_touched_is_rewritten_without_reading_the_table() {
         Counting {
             inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
             reads: 0,
+            elements: 0,
         },
         CommandRunner::in_netns(&ns.name),
     );
@@ -308,6 +314,10 @@ fn what_others_touched_is_rewritten_without_reading_the_table() {
         "insert rule ip proxyplan nat-prerouting counter drop",
         "flush map ip proxyplan service-ips",
         "delete element ip proxyplan service-ips { 10.96.0.60 . tcp . 80 }",
+        "add element ip proxyplan service-ips { 10.96.0.99 . tcp . 80 : drop }",
+        "delete element ip proxyplan service-ips { 10.96.0.60 . tcp . 80 }; \
+         add element ip proxyplan service-ips { 10.96.0.60 . tcp . 80 : drop }",
+        "delete element ip proxyplan cluster-ips { 10.96.0.60 }",
         &format!("flush map ip proxyplan {endpoints}"),
         "flush chain ip6 proxyplan services",
         "flush chain ip proxyplan services; flush set ip proxyplan cluster-ips; \
@@ -317,6 +327,7 @@ fn what_others_touched_is_rewritten_without_reading_the_table() {
     .map(|t| t.split(' ').map(ToOwned::to_owned).collect())
     .collect();
     for tamper in &tampers {
+        dp.kernel().elements = 0;
         let mut command = vec!["nft"];
         command.extend(tamper.iter().map(String::as_str));
         ns.run(&command);
@@ -345,6 +356,15 @@ fn what_others_touched_is_rewritten_without_reading_the_table() {
             dp.rules_intact().expect("check"),
             "{tamper:?}: the rewrite did not hold"
         );
+        // One Service's element is one element sent back (a replaced one: deleted, then
+        // added), not its whole map.
+        let elements = dp.kernel().elements;
+        println!("{tamper:?}: {elements} element(s) sent");
+        match tamper.iter().filter(|w| *w == "element").count() {
+            1 => assert!(elements <= 1, "{tamper:?}: {elements} elements sent"),
+            2 => assert_eq!(elements, 2, "{tamper:?}: {elements} elements sent"),
+            _ => {}
+        }
     }
     // A chain made in the agent's table: nothing names what to rewrite; read, repaired.
     ns.run(&["nft", "add", "chain", "ip", "proxyplan", "someone-elses"]);

@@ -6,7 +6,7 @@
 //! another proxy, a firewall) then costs a few messages, not a read-back of 10,000
 //! Services (0.7–0.9 s, during which no change could be programmed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use std::time::Duration;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
+use super::objects::{decode_elements, split};
 use super::uapi::{
     NFNL_SUBSYS_NFTABLES, NFT_MSG_DELRULE, NFT_MSG_DELSETELEM, NFT_MSG_NEWGEN, NFT_MSG_NEWRULE,
     NFT_MSG_NEWSETELEM, NFTA_RULE_CHAIN, NFTA_SET_ELEM_LIST_SET,
@@ -38,18 +39,25 @@ const TABLE_ATTRIBUTE: u16 = 1;
 /// How many chains and sets [`Touched`] names before it stops naming them (a tamperer
 /// rewriting the whole table is repaired from a read).
 const TOUCHED_LIMIT: usize = 64;
+/// How many element keys [`Touched`] keeps before it names their sets instead (each then
+/// rewritten whole).
+const ELEMENT_LIMIT: usize = 64;
 
 /// What others changed in the table asked about, as their announcements name it: the
-/// chains whose rules they added, replaced or deleted, the sets whose elements they
-/// added or deleted. Anything else (the table, a chain or a set itself made or deleted, a
+/// chains whose rules they added, replaced or deleted, the elements they added or
+/// deleted (by key, or their sets when too many). Anything else (the table, a chain or a set itself made or deleted, a
 /// stateful object, an announcement not understood, too many names) only a read of the
 /// table can tell: `unscoped`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Touched {
     /// Chains, as `(nfproto family, name)`.
     pub chains: BTreeSet<(u8, String)>,
-    /// Sets and maps, as `(nfproto family, name)`.
+    /// Sets and maps, as `(nfproto family, name)`, whose elements others changed (too
+    /// many, or not decoded, to name by key).
     pub sets: BTreeSet<(u8, String)>,
+    /// Elements others added or deleted, by set and key: whether the last announcement
+    /// of the key added it (true) or deleted it.
+    pub elements: BTreeMap<(u8, String), BTreeMap<Vec<u8>, bool>>,
     /// Something no name covers.
     pub unscoped: bool,
 }
@@ -58,24 +66,35 @@ impl Touched {
     /// Whether others changed nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        !self.unscoped && self.chains.is_empty() && self.sets.is_empty()
+        !self.unscoped && self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
     }
 
     fn add(&mut self, other: Self) {
         self.unscoped |= other.unscoped;
         self.chains.extend(other.chains);
         self.sets.extend(other.sets);
+        for (set, keys) in other.elements {
+            self.elements.entry(set).or_default().extend(keys);
+        }
         self.bound();
     }
 
-    /// Past [`TOUCHED_LIMIT`] names, only a read tells what to repair.
+    /// Past [`ELEMENT_LIMIT`] keys their sets are named instead; past [`TOUCHED_LIMIT`]
+    /// names, only a read tells what to repair.
     fn bound(&mut self) {
-        if self.chains.len() + self.sets.len() > TOUCHED_LIMIT {
+        let sets = &self.sets;
+        self.elements.retain(|set, _| !sets.contains(set));
+        if self.elements.values().map(BTreeMap::len).sum::<usize>() > ELEMENT_LIMIT {
+            let elements = std::mem::take(&mut self.elements);
+            self.sets.extend(elements.into_keys());
+        }
+        if self.chains.len() + self.sets.len() + self.elements.len() > TOUCHED_LIMIT {
             self.unscoped = true;
         }
         if self.unscoped {
             self.chains.clear();
             self.sets.clear();
+            self.elements.clear();
         }
     }
 }
@@ -308,7 +327,20 @@ pub fn read_datagram(datagram: &[u8], own_port: u32, table: &str) -> Heard {
             },
             NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM => match named(NFTA_SET_ELEM_LIST_SET) {
                 Some(set) => {
-                    touched.sets.insert(set);
+                    // The keys, when every one decodes; the set otherwise.
+                    let added = kind == NFT_MSG_NEWSETELEM;
+                    let mut keys = BTreeMap::new();
+                    let decoded = split(message.bytes).ok().and_then(|(_, _, body)| {
+                        decode_elements(body, &mut |element| {
+                            keys.insert(element.key.to_vec(), added);
+                        })
+                        .ok()
+                    });
+                    if decoded.is_some() && !keys.is_empty() {
+                        touched.elements.insert(set, keys);
+                    } else {
+                        touched.sets.insert(set);
+                    }
                 }
                 None => touched.unscoped = true,
             },

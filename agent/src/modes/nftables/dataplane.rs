@@ -11,6 +11,7 @@
 //! only then is it read, compared and repaired. Its change alarm
 //! ([`Dataplane::change_alarm`]) wakes the check as soon as such a commit is announced.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proxyplan_crds::{IpFamily, MergedPlan, ServicePortPlan};
@@ -453,10 +454,12 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         Ok(report)
     }
 
-    /// Rewrites the chains and sets others touched, as nf_tables' announcements named
-    /// them, from the last plan: one transaction per family, no read. False when it
-    /// could not (no model, a name it does not know, another family's table, refused):
-    /// a read of the table decides then.
+    /// Rewrites the chains, sets and elements others touched, as nf_tables'
+    /// announcements named them, from the last plan: one transaction per family, no
+    /// read. Elements are put back one by one; if the kernel refuses that (the key was
+    /// not as announced, as the agent's own sync touched it since), their sets are
+    /// rewritten whole. False when it could not (no model, a name it does not know,
+    /// another family's table, refused): a read of the table decides then.
     fn rewrite_touched(&mut self, touched: &Touched) -> bool {
         let Some(plan) = self.plan.clone() else {
             return false;
@@ -466,52 +469,75 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             .chains
             .iter()
             .chain(&touched.sets)
+            .chain(touched.elements.keys())
             .any(|(f, _)| !ours(f))
         {
             return false;
         }
         for family in Family::ALL {
-            let of_family = |objects: &std::collections::BTreeSet<(u8, String)>| {
+            let proto = nfproto(family);
+            let of_family = |objects: &BTreeSet<(u8, String)>| -> BTreeSet<String> {
                 objects
                     .iter()
-                    .filter(|(f, _)| *f == nfproto(family))
+                    .filter(|(f, _)| *f == proto)
                     .map(|(_, name)| name.clone())
-                    .collect::<std::collections::BTreeSet<String>>()
+                    .collect()
             };
-            let (chains, sets) = (of_family(&touched.chains), of_family(&touched.sets));
-            if chains.is_empty() && sets.is_empty() {
+            let chains = of_family(&touched.chains);
+            let mut sets = of_family(&touched.sets);
+            let mut elements: BTreeMap<String, BTreeMap<Vec<u8>, bool>> = touched
+                .elements
+                .iter()
+                .filter(|((f, _), _)| *f == proto)
+                .map(|((_, set), keys)| (set.clone(), keys.clone()))
+                .collect();
+            if chains.is_empty() && sets.is_empty() && elements.is_empty() {
                 continue;
             }
             let i = family.index();
-            let Some(state) = self.families[i].as_ref() else {
-                return false;
-            };
             let entries = entries_of(&plan, family);
-            let Ok(mut sink) = Sink::new(Some(&mut self.kernel), family, REPORT_TEXT_LIMIT) else {
-                return false;
-            };
-            if !diff::rewrite(&entries, state, &self.stale[i], &chains, &sets, &mut sink) {
-                tracing::debug!(
-                    ?chains,
-                    ?sets,
-                    "not all of what others touched is known here; reading the table"
-                );
-                return false;
+            loop {
+                let Some(state) = self.families[i].as_ref() else {
+                    return false;
+                };
+                let Ok(mut sink) = Sink::new(Some(&mut self.kernel), family, REPORT_TEXT_LIMIT)
+                else {
+                    return false;
+                };
+                let stale = &self.stale[i];
+                if !diff::rewrite(&entries, state, stale, &chains, &sets, &elements, &mut sink) {
+                    tracing::debug!(
+                        ?chains,
+                        ?sets,
+                        "not all of what others touched is known here; reading the table"
+                    );
+                    return false;
+                }
+                match sink.commit() {
+                    Ok(()) => {
+                        tracing::info!(
+                            ?family,
+                            ?chains,
+                            ?sets,
+                            elements = elements.values().map(BTreeMap::len).sum::<usize>(),
+                            "rewrote what someone else changed in the agent's table"
+                        );
+                        self.generation = sink.generation();
+                        break;
+                    }
+                    Err(SinkError::Refused(why)) if !elements.is_empty() => {
+                        tracing::debug!(%why, "putting elements back one by one was refused; rewriting their sets");
+                        sets.extend(std::mem::take(&mut elements).into_keys());
+                    }
+                    Err(err) => {
+                        tracing::debug!(
+                            ?err,
+                            "rewriting what others touched failed; reading the table"
+                        );
+                        return false;
+                    }
+                }
             }
-            if let Err(err) = sink.commit() {
-                tracing::debug!(
-                    ?err,
-                    "rewriting what others touched failed; reading the table"
-                );
-                return false;
-            }
-            tracing::info!(
-                ?family,
-                ?chains,
-                ?sets,
-                "rewrote what someone else changed in the agent's table"
-            );
-            self.generation = sink.generation();
         }
         true
     }

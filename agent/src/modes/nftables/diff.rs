@@ -15,7 +15,7 @@ use super::desired::{FamilyState, decrement, increment, key_hash};
 use super::layout::{self, ChainDef, FamilyContext, SetDef, SetKind};
 use super::model::{HeldTable, Presence, rule_hash};
 use super::names::{self, SharedChain};
-use super::render::{Dest, DestValue, Element, EntryObjects, Renderer, hairpin_key};
+use super::render::{Dest, DestMap, DestValue, Element, EntryObjects, Renderer, hairpin_key};
 use super::rules::{addr_bytes, addr_port_bytes};
 use super::sink::{Sink, SinkError};
 use crate::kernel::Family;
@@ -356,6 +356,12 @@ pub fn full(
 /// A chain or set the last sync is deleting is flushed or left; a dynamic set (the
 /// affinity maps packets fill) is left, as it holds nothing to restore.
 ///
+/// Elements named by key (`elements`: whether the last announcement of each added it)
+/// are put back one by one when their set is one of the shared verdict maps or the
+/// cluster IPs (an added one deleted first, a wanted one added): one Service's element
+/// deleted by hand is one element sent back, not the whole map. Any other set of
+/// `elements` is rewritten whole.
+///
 /// Returns false, having written nothing, when a name is of nothing this family holds:
 /// only a read of the table says what to do then.
 pub fn rewrite(
@@ -364,8 +370,21 @@ pub fn rewrite(
     stale: &Stale,
     chains: &BTreeSet<String>,
     sets: &BTreeSet<String>,
+    elements: &BTreeMap<String, BTreeMap<Vec<u8>, bool>>,
     sink: &mut Sink<'_>,
 ) -> bool {
+    let by_key: BTreeMap<&str, &BTreeMap<Vec<u8>, bool>> = elements
+        .iter()
+        .filter(|(set, _)| element_by_element(set) && !stale.sets.contains(*set))
+        .map(|(set, keys)| (set.as_str(), keys))
+        .collect();
+    let whole: BTreeSet<String> = sets
+        .iter()
+        .chain(elements.keys().filter(|set| !element_by_element(set)))
+        .cloned()
+        .collect();
+    let sets = &whole;
+    let element_writes = wanted_elements(entries, state, &by_key);
     let ctx = &state.ctx;
     let mut chain_rules: BTreeMap<&str, Option<ChainDef>> = chains
         .iter()
@@ -490,7 +509,89 @@ pub fn rewrite(
             sink.add_element(set, key, data.as_ref());
         }
     }
+    for (set, key, added, wanted) in element_writes {
+        if added {
+            sink.delete_element(set, key);
+        }
+        if let Some(data) = wanted {
+            sink.add_element(set, key, data.as_ref());
+        }
+    }
     true
+}
+
+/// Whether a set's elements are put back one by one: the shared verdict maps (each
+/// element's owner is known from the claims) and the cluster IPs (counted).
+fn element_by_element(set: &str) -> bool {
+    [
+        DestMap::ServiceIps,
+        DestMap::NoEndpointServices,
+        DestMap::FirewallIps,
+        DestMap::ServiceNodePorts,
+        DestMap::NoEndpointNodePorts,
+    ]
+    .iter()
+    .any(|map| map.name() == set)
+        || set == names::CLUSTER_IPS
+}
+
+/// One element to put back: its set and key, whether the last announcement added it
+/// (it is deleted first), and what is wanted there (none: nothing; `Some(None)`: a set's
+/// element, without data).
+type ElementWrite<'k> = (&'k str, &'k [u8], bool, Option<Option<Data>>);
+
+/// What each key of `by_key` should hold. A destination's owner is found
+/// in the claims, and only the owners are rendered.
+fn wanted_elements<'k>(
+    entries: &[&ServicePortPlan],
+    state: &FamilyState,
+    by_key: &BTreeMap<&'k str, &'k BTreeMap<Vec<u8>, bool>>,
+) -> Vec<ElementWrite<'k>> {
+    let mut owned: HashMap<Dest, u64> = HashMap::new();
+    for (dest, claim) in &state.claims {
+        if by_key
+            .get(dest.map.name())
+            .is_some_and(|keys| keys.contains_key(&dest.key()))
+        {
+            owned.insert(*dest, claim.owner);
+        }
+    }
+    let mut verdicts: HashMap<Dest, Data> = HashMap::new();
+    if !owned.is_empty() {
+        let owners: HashSet<u64> = owned.values().copied().collect();
+        let renderer = Renderer { ctx: &state.ctx };
+        for entry in entries {
+            let hash = key_hash(&entry.key);
+            if !owners.contains(&hash) {
+                continue;
+            }
+            for (dest, value) in renderer.entry(entry).dests {
+                if owned.get(&dest) == Some(&hash) {
+                    verdicts.insert(dest, Data::Verdict(value.verdict));
+                }
+            }
+        }
+    }
+    let by_dest: HashMap<(&str, Vec<u8>), &Data> = verdicts
+        .iter()
+        .map(|(dest, data)| ((dest.map.name(), dest.key()), data))
+        .collect();
+    let mut out: Vec<ElementWrite<'k>> = Vec::new();
+    for (set, keys) in by_key {
+        for (key, added) in *keys {
+            let wanted = if *set == names::CLUSTER_IPS {
+                ip_of(key)
+                    .filter(|ip| state.cluster_ips.contains_key(ip))
+                    .map(|_| None)
+            } else {
+                by_dest
+                    .get(&(*set, key.clone()))
+                    .map(|data| Some((*data).clone()))
+            };
+            out.push((*set, key.as_slice(), *added, wanted));
+        }
+    }
+    out
 }
 
 /// One entry that changed, came or went.
