@@ -478,7 +478,11 @@ impl Soak {
             "tamper-element" | "tamper-chain" | "tamper-rule" => {
                 let (name, vip) = {
                     let fleet = self.fleet.lock().unwrap();
-                    let s = rng.below(fleet.services.len());
+                    // A Service whose ClusterIP is known (a burst's are not yet).
+                    let known: Vec<usize> = (0..fleet.services.len())
+                        .filter(|s| !fleet.services[*s].vip.is_unspecified())
+                        .collect();
+                    let s = known[rng.below(known.len())];
                     if kind != "tamper-chain" {
                         tampered = Some(s);
                     }
