@@ -296,12 +296,15 @@ fn run_size(services: usize) -> SizeResult {
     result.intact_quiet = start.elapsed();
     // Someone else commits to another table; the first check reads the table (the agent
     // starts listening to nf_tables' announcements then), the next ones do not.
-    let mut someone_else = |what: &[&str]| {
+    let nft = |what: &[&str]| {
         let status = Command::new("ip")
             .args(["netns", "exec", &ns.0, "nft"])
             .args(what)
             .status();
         assert!(status.is_ok_and(|s| s.success()), "nft {what:?}");
+    };
+    let mut someone_else = |what: &[&str]| {
+        nft(what);
         let start = Instant::now();
         assert!(dp.rules_intact().expect("tamper check"));
         start.elapsed()
@@ -309,19 +312,16 @@ fn run_size(services: usize) -> SizeResult {
     result.intact_after_foreign = someone_else(&["add", "table", "inet", "someone-else"]);
     result.intact_after_foreign_listening =
         someone_else(&["add", "chain", "inet", "someone-else", "c"]);
-    // Someone flushes the chain every Service's traffic goes through, then the map every
-    // ClusterIP is looked up in, then makes a chain in the agent's table: what the
-    // agent's change alarm and tamper check do about each, from the `nft` command's exit.
-    // The first two are named by nf_tables' announcements and rewritten without a read;
-    // the last names nothing, and is read and repaired from the read.
+    // Someone flushes the chain every Service's traffic goes through, deletes one
+    // Service's element of the map every ClusterIP is looked up in, flushes that map,
+    // then makes a chain in the agent's table: what the agent's change alarm and tamper
+    // check do about each, from the `nft` command's exit. The first three are named by
+    // nf_tables' announcements and rewritten without a read; the last names nothing, and
+    // is read and repaired from the read.
     let mut alarm = dp.change_alarm().expect("nf_tables announces its commits");
     let merged = Arc::new(objects.merged());
     let mut tamper = |what: &[&str]| {
-        let status = Command::new("ip")
-            .args(["netns", "exec", &ns.0, "nft"])
-            .args(what)
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "nft {what:?}");
+        nft(what);
         let start = Instant::now();
         assert!(alarm.wait(Some(Duration::from_secs(10))).expect("alarm"));
         let alarmed = start.elapsed();

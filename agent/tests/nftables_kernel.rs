@@ -165,6 +165,19 @@ impl NftKernel for Counting {
     }
 }
 
+/// A dataplane in `ns` over a [`Counting`] kernel handle.
+fn counting_dataplane(ns: &Netns) -> NftablesDataplane<Counting, CommandRunner> {
+    NftablesDataplane::new(
+        NftablesSettings::default(),
+        Counting {
+            inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
+            reads: 0,
+            elements: 0,
+        },
+        CommandRunner::in_netns(&ns.name),
+    )
+}
+
 /// Other people's commits to other tables (a CNI plugin's iptables-nft rules, another
 /// proxy, a firewall) move the ruleset's generation; once the agent listens to nf_tables'
 /// announcements they cost the tamper check no read-back of the table (0.7 to 0.9 s at
@@ -174,15 +187,7 @@ impl NftKernel for Counting {
 #[test]
 fn others_commits_elsewhere_cost_no_read_back() {
     let Some(ns) = netns() else { return };
-    let mut dp = NftablesDataplane::new(
-        NftablesSettings::default(),
-        Counting {
-            inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
-            reads: 0,
-            elements: 0,
-        },
-        CommandRunner::in_netns(&ns.name),
-    );
+    let mut dp = counting_dataplane(&ns);
     dp.sync(&special_cluster(), false).expect("sync");
     ns.run(&["nft", "add", "table", "inet", "someone-else"]);
     // The first time, nothing was listening yet: the table is read.
@@ -280,15 +285,7 @@ fn the_change_alarm_goes_off_only_when_someone_else_changes_the_table() {
 #[test]
 fn what_others_touched_is_rewritten_without_reading_the_table() {
     let Some(ns) = netns() else { return };
-    let mut dp = NftablesDataplane::new(
-        NftablesSettings::default(),
-        Counting {
-            inner: NetlinkNft::in_netns(&ns.name).expect("netlink"),
-            reads: 0,
-            elements: 0,
-        },
-        CommandRunner::in_netns(&ns.name),
-    );
+    let mut dp = counting_dataplane(&ns);
     dp.sync(&special_cluster(), false).expect("sync");
     // Listening starts with the first check.
     assert!(dp.rules_intact().expect("check"));

@@ -135,15 +135,19 @@ pub enum Mark {
 impl Mark {
     /// How many of it the table holds now (elements with the Service's key; the chain's
     /// rules), read over netlink in namespace `netns`: a few milliseconds, where an `nft`
-    /// listing takes half a second here.
+    /// listing takes half a second here. Rules come from a dump of the rules alone, read
+    /// again when a commit interrupted it: a read of the whole table (elements and all)
+    /// was interrupted over and over while the agents caught up after a burst, and a
+    /// repaired chain went unseen for 30 s.
     pub fn count(&self, netns: &str) -> Option<usize> {
-        use proxyplan_agent::kernel::nftables::uapi::NFPROTO_IPV4;
-        use proxyplan_agent::kernel::nftables::{NetlinkNft, NftKernel, TableItem};
-        let mut nft = NetlinkNft::in_netns(netns).ok()?;
+        use proxyplan_agent::kernel::nftables::objects::{Rule, dump_request, split};
+        use proxyplan_agent::kernel::nftables::uapi::{NFPROTO_IPV4, NFT_MSG_GETRULE};
+        use proxyplan_agent::kernel::nftables::{NetlinkNft, NftKernel, NftNetlink};
         let mut n = 0;
         match self {
             // The key `ip . inet_proto . inet_service`, each in a 4-byte register.
-            Self::Element(vip) => nft
+            Self::Element(vip) => NetlinkNft::in_netns(netns)
+                .ok()?
                 .read_elements(NFPROTO_IPV4, "proxyplan", "service-ips", &mut |e| {
                     if e.key.len() >= 10
                         && e.key[..4] == vip.octets()
@@ -155,14 +159,32 @@ impl Mark {
                 })
                 .ok()?,
             Self::Rules(chain) => {
-                nft.read_table(NFPROTO_IPV4, "proxyplan", &mut |item| {
-                    if let TableItem::Rule(rule) = item
-                        && rule.chain == *chain
-                    {
-                        n += 1;
+                let path = std::path::Path::new("/run/netns").join(netns);
+                let mut socket =
+                    proxyplan_agent::kernel::namespace::in_namespace(&path, NftNetlink::open)
+                        .ok()?;
+                for _ in 0..20 {
+                    n = 0;
+                    let request = dump_request(NFT_MSG_GETRULE, NFPROTO_IPV4, "proxyplan");
+                    let read = socket.dump(request, &mut |message| {
+                        let Ok((_, family, body)) = split(message) else {
+                            return Ok(());
+                        };
+                        if let Ok(rule) = Rule::decode(family, body)
+                            && rule.table == "proxyplan"
+                            && rule.chain == *chain
+                        {
+                            n += 1;
+                        }
+                        Ok(())
+                    });
+                    match read {
+                        Ok(()) => return Some(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => return None,
                     }
-                })
-                .ok()?;
+                }
+                return None;
             }
         }
         Some(n)
