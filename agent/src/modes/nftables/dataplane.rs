@@ -264,7 +264,17 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             if changes.is_empty() && stale.is_empty() {
                 return Ok(());
             }
-            let Some(mut state) = self.families[i].clone() else {
+            // Taken, not copied: at 250,000 endpoints the state is megabytes (a hash
+            // table of 250,000 hairpin counts), and a copy per change cost milliseconds.
+            // A sync that fails leaves none; `sync_shared` forgets every family then
+            // anyway, so the next sync reads the tables. A dry run changes nothing, so it
+            // works on a copy.
+            let taken = if dry_run {
+                self.families[i].clone()
+            } else {
+                self.families[i].take()
+            };
+            let Some(mut state) = taken else {
                 return Ok(());
             };
             let renderer_ctx = ctx.clone();
