@@ -228,12 +228,13 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         &mut self,
         plan: &Arc<MergedPlan>,
         family: Family,
+        all_changes: Option<&[Change<'_>]>,
         dry_run: bool,
         report: &mut SyncReport,
     ) -> Result<(), SinkError> {
         let i = family.index();
         let ctx = family_context(plan, &self.settings, family);
-        let entries = entries_of(plan, family);
+        let want = ip_family(family);
         let kernel: Option<&mut dyn NftKernel> = if dry_run {
             None
         } else {
@@ -244,22 +245,21 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         } else {
             REPORT_TEXT_LIMIT
         };
-        let incremental = match (&self.families[i], &self.plan) {
-            (Some(state), Some(_)) => state.ctx == ctx && state.entries > 0 && !entries.is_empty(),
+        let incremental = match (&self.families[i], all_changes) {
+            (Some(state), Some(_)) => {
+                state.ctx == ctx
+                    && state.entries > 0
+                    && plan.service_ports.iter().any(|e| e.family == want)
+            }
             _ => false,
         };
         let mut stale = std::mem::take(&mut self.stale[i]);
         let result = if incremental {
-            let Some(old) = self.plan.clone() else {
-                return Ok(());
-            };
-            let changes: Vec<Change<'_>> = changes(&old, plan)
-                .into_iter()
-                .filter(|c| {
-                    c.old
-                        .or(c.new)
-                        .is_some_and(|e| e.family == ip_family(family))
-                })
+            let changes: Vec<Change<'_>> = all_changes
+                .unwrap_or_default()
+                .iter()
+                .filter(|c| c.old.or(c.new).is_some_and(|e| e.family == want))
+                .copied()
                 .collect();
             if changes.is_empty() && stale.is_empty() {
                 return Ok(());
@@ -278,10 +278,12 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
                 return Ok(());
             };
             let renderer_ctx = ctx.clone();
+            // Rarely asked (a contested destination's next owner): a scan, not a list of
+            // every entry built for each change.
             let unchanged = |hash: u64| {
-                entries
+                plan.service_ports
                     .iter()
-                    .find(|e| key_hash(&e.key) == hash)
+                    .find(|e| e.family == want && key_hash(&e.key) == hash)
                     .map(|e| Renderer { ctx: &renderer_ctx }.entry(e))
             };
             let mut sink = Sink::new(kernel, family, limit).map_err(SinkError::Kernel)?;
@@ -318,6 +320,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
                 .filter(|n| n.contains("affinity-"))
                 .cloned()
                 .collect();
+            let entries = entries_of(plan, family);
             let mut sink = Sink::new(kernel, family, limit).map_err(SinkError::Kernel)?;
             let (state, gone) = diff::full(&entries, ctx, &mut held, &mut sink)?;
             drop(held);
@@ -413,9 +416,18 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         let mut report = SyncReport::default();
         self.sent = (0, 0);
         let previous = self.plan.clone();
+        // Computed once per sync (each is a walk of every entry: 67,000 at 50,000
+        // Services), for both families and the UDP step.
+        let in_order = sorted(plan);
+        let all_changes: Option<Vec<Change<'_>>> = match &previous {
+            Some(old) if in_order => Some(changes(old, plan)),
+            _ => None,
+        };
         let start = std::time::Instant::now();
         for family in Family::ALL {
-            if let Err(e) = self.sync_family(plan, family, dry_run, &mut report) {
+            if let Err(e) =
+                self.sync_family(plan, family, all_changes.as_deref(), dry_run, &mut report)
+            {
                 return Err(match e {
                     SinkError::Kernel(e) => e,
                     refused @ SinkError::Refused(_) => {
@@ -433,21 +445,17 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
             .map(FamilyState::objects)
             .sum();
         let start = std::time::Instant::now();
-        let changed: Option<Vec<EntryChange<'_>>> = match (&previous, sorted(plan)) {
-            (Some(old), true) => Some(
-                changes(old, plan)
-                    .into_iter()
-                    .map(|c| {
-                        let key = c.old.or(c.new).map(|e| e.key.as_str()).unwrap_or_default();
-                        EntryChange {
-                            key: std::borrow::Cow::Borrowed(key),
-                            entries: c.new.into_iter().collect(),
-                        }
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        };
+        let changed: Option<Vec<EntryChange<'_>>> = all_changes.map(|all| {
+            all.into_iter()
+                .map(|c| {
+                    let key = c.old.or(c.new).map(|e| e.key.as_str()).unwrap_or_default();
+                    EntryChange {
+                        key: std::borrow::Cow::Borrowed(key),
+                        entries: c.new.into_iter().collect(),
+                    }
+                })
+                .collect()
+        });
         let payload = &mut report.payload;
         let run = self.udp.clear(
             &self.runner,
@@ -459,7 +467,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         report.phases.push(("conntrack", start.elapsed()));
         report.conntrack_step(run, dry_run);
         if !dry_run {
-            self.plan = sorted(plan).then(|| Arc::clone(plan));
+            self.plan = in_order.then(|| Arc::clone(plan));
         }
         Ok(report)
     }
@@ -563,7 +571,7 @@ impl<K: NftKernel, R: Runner> NftablesDataplane<K, R> {
         self.families[family.index()] = None;
         let sent = std::mem::take(&mut self.sent);
         let mut report = SyncReport::default();
-        let result = self.sync_family(&plan, family, false, &mut report);
+        let result = self.sync_family(&plan, family, None, false, &mut report);
         // What the last sync sent stays what `sent` tells.
         let intact = std::mem::replace(&mut self.sent, sent).0 == 0;
         match result {
