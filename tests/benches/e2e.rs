@@ -15,9 +15,11 @@
 //! (Node objects, the agent's included; default 1), `BENCH_MODE` (the agent's `--mode`,
 //! default `iptables`), `BENCH_IPTABLES_BACKEND` (`auto`), `BENCH_WATCHERS` (extra raw
 //! watchers of the Service plans, as other nodes' agents would open, to measure the API
-//! server's CPU per change; default 0), `BENCH_CLUSTER_IPS` (`explicit`: Service i gets
-//! ClusterIP 10.97.0.0 + i, for runs past what the default 10.96.0.0/16 holds; give the
-//! API server the range with `CP_APISERVER_FLAGS=--service-cluster-ip-range=10.96.0.0/12`).
+//! server's CPU per change; default 0), `BENCH_CLUSTER_IPS` (`allocated` by the API
+//! server, the default, or `explicit`: Service i gets ClusterIP 10.97.0.0 + i, for runs
+//! past what the default 10.96.0.0/16 holds; give the API server the range with
+//! `CP_APISERVER_FLAGS=--service-cluster-ip-range=10.96.0.0/12`; anything else stops the
+//! bench with an error naming the variable).
 //! Without `--bench` (as `cargo test --benches` runs it) it does nothing.
 //!
 //! At 50,000 Services writing them takes this API server most of the run on 2 cores
@@ -115,7 +117,11 @@ async fn main() {
     let mode: String = env_or("BENCH_MODE", "iptables".to_owned());
     let backend: String = env_or("BENCH_IPTABLES_BACKEND", "auto".to_owned());
     let watchers: usize = env_or("BENCH_WATCHERS", 0);
-    let explicit_ips = std::env::var("BENCH_CLUSTER_IPS").is_ok_and(|v| v == "explicit");
+    let explicit_ips = match std::env::var("BENCH_CLUSTER_IPS").as_deref() {
+        Err(_) | Ok("" | "allocated") => false,
+        Ok("explicit") => true,
+        Ok(other) => panic!("BENCH_CLUSTER_IPS={other}: expected `explicit` or `allocated`"),
+    };
     let bins = Bins::locate().expect("binaries: cargo build --release --bins");
     println!(
         "e2e bench: {services} Services x {per_service} endpoints, {nodes} node(s), agent --mode {mode}, \
