@@ -278,15 +278,15 @@ async fn watches_only_its_plan_and_the_service_plans_then_programs_and_reports_r
     let rv = CLUSTER_RV;
     let managed = "app.kubernetes.io%2Fmanaged-by%3Dproxyplan-controller";
     let mut expected = vec![
-        // Lists from the watch cache, a page at a time: no older than anything (1) at first.
+        // Lists from the watch cache, in one response: no older than anything (1) at first.
         format!(
-            "GET {PLANS}?&fieldSelector=metadata.name%3Dnode-a&limit=500&resourceVersion=1&resourceVersionMatch=NotOlderThan"
+            "GET {PLANS}?&fieldSelector=metadata.name%3Dnode-a&resourceVersion=1&resourceVersionMatch=NotOlderThan"
         ),
         format!(
             "GET {PLANS}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Dnode-a&allowWatchBookmarks=true&resourceVersion={rv}"
         ),
         format!(
-            "GET {SERVICES}?&labelSelector={managed}&limit=500&resourceVersion=1&resourceVersionMatch=NotOlderThan"
+            "GET {SERVICES}?&labelSelector={managed}&resourceVersion=1&resourceVersionMatch=NotOlderThan"
         ),
         format!(
             "GET {SERVICES}?&watch=true&timeoutSeconds=290&labelSelector={managed}&allowWatchBookmarks=true&resourceVersion={rv}"

@@ -11,7 +11,8 @@
 //! Environment: `BENCH_SERVICES` (default 1,000), `BENCH_ENDPOINTS` (10 per Service),
 //! `BENCH_CHANGES` (30), `BENCH_GAP_MS`
 //! (800: the pause between changes, after each is measured), `BENCH_AGENT_LOG` (`warn`:
-//! the agent's log filter), `BENCH_NODES`
+//! the agent's log filter), `BENCH_CONTROLLER_LOG` (`warn`: the controller's),
+//! `BENCH_KEEP_LOGS` (set: keep the work directory with the processes' logs), `BENCH_NODES`
 //! (Node objects, the agent's included; default 1), `BENCH_MODE` (the agent's `--mode`,
 //! default `iptables`), `BENCH_IPTABLES_BACKEND` (`auto`), `BENCH_WATCHERS` (extra raw
 //! watchers of the Service plans, as other nodes' agents would open, to measure the API
@@ -113,6 +114,8 @@ async fn main() {
     // this plus 300 ms plus the change's latency).
     let gap_ms: u64 = env_or("BENCH_GAP_MS", 800);
     let agent_log = std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned());
+    let controller_log =
+        std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".to_owned());
     let nodes: usize = env_or("BENCH_NODES", 1);
     let mode: String = env_or("BENCH_MODE", "iptables".to_owned());
     let backend: String = env_or("BENCH_IPTABLES_BACKEND", "auto".to_owned());
@@ -200,7 +203,7 @@ async fn main() {
         NS,
         "bench",
         "10.100.0.0/14",
-        "warn",
+        &controller_log,
     );
     let mut controller = Spawned::start(
         "controller",
@@ -324,6 +327,8 @@ async fn main() {
     let mut total = Vec::new();
     let mut controller_part = Vec::new();
     let mut agent_part = Vec::new();
+    // When each change's PATCH returned (UTC), to find the slowest in the processes' logs.
+    let mut returned_at = Vec::new();
     let mut bytes = Vec::new();
     let mut slice_bytes = Vec::new();
     let merge_before = metrics.value("proxyplan_agent_merge_duration_seconds_sum");
@@ -348,6 +353,7 @@ async fn main() {
             .await
             .unwrap();
         let t0 = unix(SystemTime::now());
+        returned_at.push(t0);
         let waited = Instant::now();
         let synced = loop {
             let at = metrics.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds");
@@ -423,6 +429,14 @@ async fn main() {
         "e2e bench: the agent's part, sorted (ms): {}",
         list(&agent_sorted)
     );
+    let mut slowest: Vec<usize> = (0..total.len()).collect();
+    slowest.sort_by(|a, b| total[*b].total_cmp(&total[*a]));
+    for k in slowest.into_iter().take(5) {
+        println!(
+            "e2e bench: slow change {k}: PATCH returned at {:.3} (unix), {:.1} ms: controller {:.1}, agent {:.1}",
+            returned_at[k], total[k], controller_part[k], agent_part[k]
+        );
+    }
     let rows: Vec<(String, String)> = vec![
         (
             "Services x endpoints; nodes; agent mode".into(),
@@ -513,5 +527,9 @@ async fn main() {
     forwarder.stop().await;
     let _ = procs::delete_netns(&netns);
     drop(plane);
-    let _ = std::fs::remove_dir_all(&workdir);
+    if std::env::var_os("BENCH_KEEP_LOGS").is_some() {
+        println!("e2e bench: logs kept in {}", workdir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&workdir);
+    }
 }

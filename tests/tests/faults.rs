@@ -36,7 +36,7 @@ use harness::Faults;
 /// The scenarios, in the order they run.
 const SCENARIOS: [&str; 14] = [
     "agent_restart_keeps_the_rules_and_changes_nothing",
-    "a_list_larger_than_a_page_comes_from_the_watch_cache_then_the_watch_goes_on",
+    "a_large_list_in_a_quiet_cluster_comes_from_the_watch_cache_in_one_response",
     "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks",
     "odd_objects_never_stall_a_watch",
     "hand_edits_are_repaired_even_when_they_keep_the_revision",
@@ -108,7 +108,7 @@ async fn scenario(faults: &mut Faults, name: &str) -> Result<(), String> {
         "a_restarted_agent_with_a_refused_plan_keeps_the_kernel_and_its_health_checks" => {
             faults.agent_restart_with_a_refused_plan().await
         }
-        "a_list_larger_than_a_page_comes_from_the_watch_cache_then_the_watch_goes_on" => {
+        "a_large_list_in_a_quiet_cluster_comes_from_the_watch_cache_in_one_response" => {
             faults.cached_list().await
         }
         "odd_objects_never_stall_a_watch" => faults.odd_objects().await,

@@ -7,11 +7,12 @@
 //! backoff, and re-list at once after `410 Gone`, so changes flow again within seconds of
 //! an API server coming back.
 //!
-//! Both are listed from the API server's watch cache, a page at a time
-//! ([`proxyplan_crds::watch::cached`]). A quorum read, where the API server cannot serve
-//! consistent reads from its cache (etcd before 3.4.31 or 3.5.13, as in the test control
-//! plane), pages through etcd and decodes every stored Service plan again, for every
-//! agent of a fleet that starts at once.
+//! Both are listed from the API server's watch cache, in one response decoded as it
+//! arrives ([`proxyplan_crds::watch::cached`]). A quorum read, where the API server cannot
+//! serve consistent reads from its cache (etcd before 3.4.31 or 3.5.13, as in the test
+//! control plane), pages through etcd and decodes every stored Service plan again, for
+//! every agent of a fleet that starts at once; pages from the cache fall back to etcd, or
+//! fail, in a cluster where no plan changed for minutes.
 
 use std::pin::Pin;
 
