@@ -1961,13 +1961,20 @@ async fn main() {
             while in_flight.join_next().await.is_some() {}
         })
     };
+    // Set while a burst writes: the churn's end waits for it, since a burst stopped
+    // half-way leaves the bench's model of the slices ahead of the API server's.
+    let bursting = Arc::new(AtomicBool::new(false));
     let bursts = {
         let (fleet, stop, write) = (fleet.clone(), stop.clone(), write.clone());
+        let bursting = bursting.clone();
         tokio::spawn(async move {
             let mut count = 0;
             loop {
                 tokio::time::sleep(Duration::from_secs(burst_every)).await;
-                if stop.load(Ordering::Relaxed) {
+                // Marked before the stop is read: the end either sees it or stops it.
+                bursting.store(true, Ordering::SeqCst);
+                if stop.load(Ordering::SeqCst) {
+                    bursting.store(false, Ordering::SeqCst);
                     return count;
                 }
                 count += 1;
@@ -2027,6 +2034,7 @@ async fn main() {
                 for s in &chosen {
                     fleet.services[*s].busy = false;
                 }
+                bursting.store(false, Ordering::SeqCst);
             }
         })
     };
@@ -2289,7 +2297,7 @@ async fn main() {
             samples.push(line);
         }
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.store(true, Ordering::SeqCst);
     let _ = steady.await;
     if let Some(task) = soak_churn {
         let _ = task.await;
@@ -2307,6 +2315,11 @@ async fn main() {
     }
     let churned = churn_started.elapsed().as_secs_f64();
     let writes_done = writes.load(Ordering::Relaxed);
+    // A burst under way finishes its writes (a few seconds); one waiting for its time is
+    // stopped.
+    while bursting.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     bursts.abort();
     let burst_count = (churned as u64) / burst_every.max(1);
     // The last changes land.
