@@ -89,6 +89,22 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// etcd's client address on loopback (from the script's `ports` file), for what only
+    /// etcd itself can do, such as a compaction.
+    ///
+    /// # Errors
+    /// When the file cannot be read or names no etcd port.
+    pub fn etcd_address(&self) -> Result<std::net::SocketAddr, String> {
+        let ports = std::fs::read_to_string(self.dir.join("ports"))
+            .map_err(|e| format!("{}: {e}", self.dir.join("ports").display()))?;
+        ports
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd="))
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .ok_or_else(|| format!("no etcd port in {}", self.dir.join("ports").display()))
+    }
+
     /// The API server's log.
     #[must_use]
     pub fn apiserver_log(&self) -> PathBuf {

@@ -639,6 +639,25 @@ fn summed(text: &str, prefix: &str, labels: &[&str]) -> f64 {
 
 /// `GET path` on `address`: the body, when it answers 200.
 pub async fn http_get_text(address: SocketAddr, path: &str) -> Result<String, String> {
+    http_text(address, "GET", path, None).await
+}
+
+/// `POST path` on `address` with a JSON body: the answer's body, when it answers 200.
+pub async fn http_post_json(
+    address: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<String, String> {
+    http_text(address, "POST", path, Some(body.to_string())).await
+}
+
+/// One HTTP/1.0 request (so the answer is never chunked): the body, when it answers 200.
+async fn http_text(
+    address: SocketAddr,
+    method: &'static str,
+    path: &str,
+    body: Option<String>,
+) -> Result<String, String> {
     let path = path.to_owned();
     tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
@@ -647,8 +666,16 @@ pub async fn http_get_text(address: SocketAddr, path: &str) -> Result<String, St
         stream
             .set_read_timeout(Some(Duration::from_secs(5)))
             .map_err(|e| e.to_string())?;
+        let request = match &body {
+            None => format!("{method} {path} HTTP/1.0\r\nHost: {address}\r\n\r\n"),
+            Some(body) => format!(
+                "{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        };
         stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .write_all(request.as_bytes())
             .map_err(|e| e.to_string())?;
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer);
@@ -656,7 +683,7 @@ pub async fn http_get_text(address: SocketAddr, path: &str) -> Result<String, St
         if head.split_whitespace().nth(1) == Some("200") {
             Ok(body.to_owned())
         } else {
-            Err(format!("GET {address}{path}: {head}"))
+            Err(format!("{method} {address}{path}: {head}"))
         }
     })
     .await

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::{WAIT, wait_for};
-use crate::harness::{Faults, LIBFAKETIME, MANAGER, NODE, slice_object};
+use crate::harness::{Faults, LIBFAKETIME, MANAGER, NODE, http_post_json, slice_object};
 use crate::procs;
 
 /// The second node of the rollout scenario.
@@ -278,22 +278,14 @@ impl Faults {
     /// Compacts etcd at its current revision, through its HTTP gateway; returns the
     /// revision.
     async fn compact_etcd(&self) -> Result<u64, String> {
-        let ports = std::fs::read_to_string(self.plane.dir().join("ports"))
-            .map_err(|e| format!("the control plane's ports: {e}"))?;
-        let port = ports
-            .lines()
-            .find_map(|l| l.strip_prefix("etcd="))
-            .ok_or("no etcd port in the control plane's ports file")?
-            .trim()
-            .to_owned();
-        let range = etcd_post(&port, "/v3/kv/range", &json!({"key": "Lw=="})).await?;
-        let revision: u64 = range
-            .pointer("/header/revision")
-            .and_then(serde_json::Value::as_str)
-            .and_then(|r| r.parse().ok())
+        let etcd = self.plane.etcd_address()?;
+        let range = http_post_json(etcd, "/v3/kv/range", &json!({"key": "Lw=="})).await?;
+        let revision: u64 = serde_json::from_str::<serde_json::Value>(&range)
+            .ok()
+            .and_then(|r| r.pointer("/header/revision")?.as_str()?.parse().ok())
             .ok_or_else(|| format!("etcd's revision, from {range}"))?;
-        etcd_post(
-            &port,
+        http_post_json(
+            etcd,
             "/v3/kv/compaction",
             &json!({"revision": revision.to_string(), "physical": true}),
         )
@@ -1648,44 +1640,4 @@ impl Faults {
         .await?;
         Ok(())
     }
-}
-
-/// POSTs `body` to etcd's HTTP gateway on loopback `port`; returns the JSON answer.
-async fn etcd_post(
-    port: &str,
-    path: &str,
-    body: &serde_json::Value,
-) -> Result<serde_json::Value, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = body.to_string();
-    let mut stream = tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
-        .await
-        .map_err(|e| format!("connecting to etcd: {e}"))?;
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("etcd {path}: {e}"))?;
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .await
-        .map_err(|e| format!("etcd {path}: {e}"))?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("etcd {path}: {answer}"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("etcd {path}: {answer}"));
-    }
-    // One JSON object, whether or not it came in chunks.
-    let json = body
-        .find('{')
-        .zip(body.rfind('}'))
-        .and_then(|(from, to)| body.get(from..=to))
-        .ok_or_else(|| format!("etcd {path}: {answer}"))?;
-    serde_json::from_str(json).map_err(|e| format!("etcd {path}: {e}: {json}"))
 }
