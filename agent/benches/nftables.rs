@@ -9,7 +9,8 @@
 //! back and must send nothing: the messages sent are counted), one endpoint change at a
 //! time (a Cluster-policy Service's pod moved: planner → the agent's incremental merge →
 //! `sync` returns with the kernel updated; median / p90 / p99, the transaction's kernel
-//! time and size), the tamper check (nothing committed since; after someone else
+//! time and size), the same for a change of a Service's endpoint count (one pod added,
+//! then taken away again), the tamper check (nothing committed since; after someone else
 //! committed to another table), cleanup, and the memory of the real
 //! `proxyplan-agent apply --mode nftables` on the same plan file.
 //!
@@ -139,11 +140,10 @@ struct SizeResult {
     restart: Duration,
     restart_messages: usize,
     restart_bytes: usize,
-    change_merge: Vec<Duration>,
-    change_sync: Vec<Duration>,
-    change_kernel: Vec<Duration>,
-    change_messages: Vec<usize>,
-    change_objects: Vec<usize>,
+    /// One endpoint moved to another pod: the count stays.
+    moved: Changes,
+    /// One endpoint added or removed: the count changes.
+    resized: Changes,
     intact_quiet: Duration,
     intact_after_foreign: Duration,
     intact_after_foreign_listening: Duration,
@@ -160,6 +160,61 @@ struct SizeResult {
     cleanup: Duration,
     bench_hwm_kib: u64,
     binary: BinaryResult,
+}
+
+/// One kind of change, measured change by change.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Changes {
+    merge: Vec<Duration>,
+    sync: Vec<Duration>,
+    kernel: Vec<Duration>,
+    messages: Vec<usize>,
+    objects: Vec<usize>,
+}
+
+/// One change's measurements.
+struct Change {
+    merge: Duration,
+    sync: Duration,
+    kernel: Duration,
+    messages: usize,
+    objects: usize,
+}
+
+impl Changes {
+    fn push(&mut self, change: Change) {
+        self.merge.push(change.merge);
+        self.sync.push(change.sync);
+        self.kernel.push(change.kernel);
+        self.messages.push(change.messages);
+        self.objects.push(change.objects);
+    }
+
+    /// Plan received to kernel updated: the merge and the sync.
+    fn totals(&self) -> Vec<Duration> {
+        self.merge
+            .iter()
+            .zip(&self.sync)
+            .map(|(m, s)| *m + *s)
+            .collect()
+    }
+}
+
+/// The plan as the planner now has it, from plan received (the merge) to the kernel
+/// committed (the sync).
+fn timed_change(dp: &mut Nft, objects: &mut Objects) -> Change {
+    let start = Instant::now();
+    let merged = Arc::new(objects.merged());
+    let merge = start.elapsed();
+    let report = dp.sync_shared(&merged, false).expect("change");
+    let sync = start.elapsed() - merge;
+    Change {
+        merge,
+        sync,
+        kernel: std::mem::take(&mut dp.kernel().commits),
+        messages: dp.sent().0,
+        objects: report.changed,
+    }
 }
 
 /// The real binary's `apply` of the plan file.
@@ -276,19 +331,22 @@ fn run_size(services: usize) -> SizeResult {
         let change = cluster.move_endpoint(service).expect("endpoint change");
         planner.apply_slice(&change.slice).expect("slice accepted");
         objects.take(&mut planner);
-        // Plan received: the merge, then the sync until the kernel has committed.
-        let start = Instant::now();
-        let merged = Arc::new(objects.merged());
-        let merged_at = start.elapsed();
-        let report = dp.sync_shared(&merged, false).expect("endpoint change");
-        let total = start.elapsed();
-        result.change_merge.push(merged_at);
-        result.change_sync.push(total - merged_at);
-        result
-            .change_kernel
-            .push(std::mem::take(&mut dp.kernel().commits));
-        result.change_messages.push(dp.sent().0);
-        result.change_objects.push(report.changed);
+        result.moved.push(timed_change(&mut dp, &mut objects));
+    }
+    // A Service's endpoint count changes: one pod added to a Service, then, the next
+    // change, taken away again (a scale-up, a rollout's surge pod, a scale-down).
+    eprintln!("nftables bench: {services} Services, {changes} endpoint count changes ...");
+    for k in 0..changes {
+        let service = candidates[(k / 2 * 104_729 + 29) % candidates.len()];
+        let slice = if k % 2 == 0 {
+            cluster.add_endpoint(service)
+        } else {
+            cluster.remove_endpoint(service)
+        }
+        .expect("endpoint count change");
+        planner.apply_slice(&slice).expect("slice accepted");
+        objects.take(&mut planner);
+        result.resized.push(timed_change(&mut dp, &mut objects));
     }
 
     let start = Instant::now();
@@ -406,6 +464,14 @@ fn quantiles(values: &[Duration]) -> String {
     )
 }
 
+fn counts(changes: &Changes) -> String {
+    format!(
+        "{} / {}",
+        quantile(&changes.messages, 0.5),
+        quantile(&changes.objects, 0.5)
+    )
+}
+
 fn mib(kib: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
     let value = kib as f64 / 1024.0;
@@ -417,7 +483,7 @@ fn print_table(results: &[SizeResult]) {
     println!(
         "\nproxyplan agent, nftables mode, real kernel (netns), node {NODE}: Services x {} \
          endpoints, {:.0} % Local, {:.0} % zone-hinted, {} nodes in {} zones, seed {}; \
-         changes: one Cluster-policy endpoint moved at a time",
+         changes: one Cluster-policy endpoint moved, added or removed at a time",
         s.endpoints_per_service,
         s.local_fraction * 100.0,
         s.hinted_fraction * 100.0,
@@ -472,41 +538,42 @@ fn print_table(results: &[SizeResult]) {
         ),
         (
             "one endpoint change, plan received -> kernel updated",
-            |r| {
-                let totals: Vec<Duration> = r
-                    .change_merge
-                    .iter()
-                    .zip(&r.change_sync)
-                    .map(|(m, s)| *m + *s)
-                    .collect();
-                quantiles(&totals)
-            },
+            |r| quantiles(&r.moved.totals()),
             "< 20 ms (kube-proxy: 5.4 s @10k, 200 ms @1k)",
         ),
         (
             "  merge (median / p90 / p99)",
-            |r| quantiles(&r.change_merge),
+            |r| quantiles(&r.moved.merge),
             "",
         ),
         (
             "  sync (median / p90 / p99)",
-            |r| quantiles(&r.change_sync),
+            |r| quantiles(&r.moved.sync),
             "",
         ),
         (
             "  of which nf_tables commit",
-            |r| quantiles(&r.change_kernel),
+            |r| quantiles(&r.moved.kernel),
             "",
         ),
         (
             "  messages / objects changed (median)",
-            |r| {
-                format!(
-                    "{} / {}",
-                    quantile(&r.change_messages, 0.5),
-                    quantile(&r.change_objects, 0.5)
-                )
-            },
+            |r| counts(&r.moved),
+            "",
+        ),
+        (
+            "one endpoint added or removed (count changes): plan received -> kernel updated",
+            |r| quantiles(&r.resized.totals()),
+            "< 20 ms",
+        ),
+        (
+            "  of which nf_tables commit",
+            |r| quantiles(&r.resized.kernel),
+            "",
+        ),
+        (
+            "  messages / objects changed (median)",
+            |r| counts(&r.resized),
             "",
         ),
         (

@@ -107,12 +107,15 @@ fn holds_rules_reads_the_kernel() {
 }
 
 /// [`NetlinkNft`] counting the table reads (the tamper check's read-backs) and the
-/// elements of the transactions committed, and failing the next commit when asked.
+/// elements of the transactions committed, failing the next commit when asked, and
+/// running a probe of the kernel after each commit (what it returns is kept).
 struct Counting {
     inner: NetlinkNft,
     reads: usize,
     elements: usize,
     fail_next_commit: bool,
+    after_commit: Option<Box<dyn FnMut() -> Option<String>>>,
+    probed: Vec<String>,
 }
 
 impl NftKernel for Counting {
@@ -156,7 +159,11 @@ impl NftKernel for Counting {
             });
         }
         self.elements += transaction.elements();
-        self.inner.commit(transaction)
+        let refusals = self.inner.commit(transaction)?;
+        if let Some(found) = self.after_commit.as_mut().and_then(|probe| probe()) {
+            self.probed.push(found);
+        }
+        Ok(refusals)
     }
 
     fn changed_by_others(
@@ -181,6 +188,8 @@ fn counting_dataplane(ns: &Netns) -> NftablesDataplane<Counting, CommandRunner> 
             reads: 0,
             elements: 0,
             fail_next_commit: false,
+            after_commit: None,
+            probed: Vec::new(),
         },
         CommandRunner::in_netns(&ns.name),
     )
@@ -461,4 +470,137 @@ fn a_removed_affinity_service_leaves_nothing_behind() {
         "the tamper check did not look after the removal"
     );
     assert!(dp.rules_intact().expect("check"));
+}
+
+/// A Service whose endpoint count changes goes to the shared chain of its new count,
+/// and its endpoints to that chain's own maps (a rule added over a map is checked by
+/// nf_tables against every element the map holds: over one map shared by all Services,
+/// a chain made for a new count walked them all). What the changes leave is what one
+/// sync of the final plan makes in an empty namespace; nothing of the old count stays,
+/// and a restart sends nothing.
+#[test]
+fn a_new_endpoint_count_moves_the_endpoints_to_its_chains_own_maps() {
+    let Some(ns) = netns() else { return };
+    let Some(fresh) = netns() else { return };
+    let list = |ns: &Netns| ns.run(&["nft", "list", "table", "ip", "proxyplan"]);
+    let with_web = |endpoints: &[&str]| {
+        let mut plan = special_cluster();
+        for entry in &mut plan.service_ports {
+            if entry.name == "web" {
+                *entry = service("web", "10.96.0.10", 80, endpoints).into();
+            }
+        }
+        plan
+    };
+    let mut dp = dataplane(&ns);
+    dp.sync(&special_cluster(), false).expect("sync");
+    let three = with_web(&["10.244.1.10:8080", "10.244.2.10:8080", "10.244.3.10:8080"]);
+    dp.sync(&three, false).expect("web to three endpoints");
+    let listed = list(&ns);
+    for wanted in [
+        "10.96.0.10 . tcp . 80 : goto lb-3-masq-nonlocal",
+        "map backends-tcp-3-masq-nonlocal",
+        "10.96.0.10 . 80 . 2 : 10.244.3.10 . 8080",
+        "numgen random mod 3 map @backends-tcp-3-masq-nonlocal",
+    ] {
+        assert!(listed.contains(wanted), "no {wanted:?} in\n{listed}");
+    }
+    // api still has two endpoints: lb-2's maps stay, without web's.
+    assert!(!listed.contains("10.96.0.10 . 80 . 0 : 10.244.1.10 . 8080, 10.96.0.10 . 80 . 1"));
+    dataplane(&fresh).sync(&three, false).expect("fresh sync");
+    assert_eq!(sorted_lines(&listed), sorted_lines(&list(&fresh)));
+
+    // Back to one endpoint: lb-3 and its maps go, lb-1's come.
+    let one = with_web(&["10.244.1.10:8080"]);
+    dp.sync(&one, false).expect("web to one endpoint");
+    let listed = list(&ns);
+    assert!(
+        !listed.contains("-3-"),
+        "the count of 3 left behind:\n{listed}"
+    );
+    let mut again = dataplane(&ns);
+    assert_eq!(again.sync(&one, false).expect("restart").payload, "");
+    assert_eq!(again.sent(), (0, 0));
+    let Some(fresh) = netns() else { return };
+    dataplane(&fresh).sync(&one, false).expect("fresh sync");
+    assert_eq!(sorted_lines(&listed), sorted_lines(&list(&fresh)));
+}
+
+/// A table written by an agent that looked every Service's endpoints up in one map per
+/// protocol (`backends-tcp`, before each shared chain had maps of its own) is brought
+/// to this agent's layout: the same table as one sync makes in an empty namespace, the
+/// old maps deleted. With 6,000 Services the sync takes several transactions; after
+/// each, the map their shared chain looks up holds the endpoints of the first Service
+/// and of the last (the new maps are filled before the chains' rules are rewritten to
+/// look them up), so traffic keeps its endpoints throughout.
+#[test]
+fn a_table_with_one_map_per_protocol_is_brought_to_maps_per_chain() {
+    let Some(ns) = netns() else { return };
+    let Some(old) = netns() else { return };
+    let list = |ns: &Netns| ns.run(&["nft", "list", "table", "ip", "proxyplan"]);
+    let mut plan = special_cluster();
+    plan.service_ports
+        .extend(support::many_services(6_000, 2).into_iter().map(Into::into));
+    dataplane(&ns).sync(&plan, false).expect("sync");
+    let new = list(&ns);
+    // The previous layout: the shared chains' maps renamed to one per protocol.
+    let mut previous = new.clone();
+    for (from, to) in [
+        ("nodeport-backends-tcp-2-masq", "nodeport-backends-tcp"),
+        ("nodeport-backends-udp-2-masq", "nodeport-backends-udp"),
+        ("nodeport-backends-sctp-2-masq", "nodeport-backends-sctp"),
+        ("backends-tcp-2-masq-nonlocal", "backends-tcp"),
+        ("backends-udp-2-masq-nonlocal", "backends-udp"),
+        ("backends-sctp-2-masq-nonlocal", "backends-sctp"),
+    ] {
+        previous = previous.replace(from, to);
+    }
+    assert!(previous.contains("map @backends-tcp\n"), "{previous}");
+    let file = std::env::temp_dir().join(format!("proxyplan-previous-{}.nft", std::process::id()));
+    std::fs::write(&file, &previous).expect("write the previous table");
+    old.run(&["nft", "-f", file.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&file);
+    assert!(list(&old).contains("map backends-tcp {"));
+
+    let mut dp = counting_dataplane(&old);
+    let name = old.name.clone();
+    let mut commits = 0;
+    dp.kernel().after_commit = Some(Box::new(move || {
+        commits += 1;
+        let nft = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &name, "nft"])
+                .args(args)
+                .output()
+                .expect("nft")
+        };
+        let chain = nft(&["list", "chain", "ip", "proxyplan", "lb-2-masq-nonlocal"]);
+        let chain = String::from_utf8_lossy(&chain.stdout).into_owned();
+        let Some(map) = chain
+            .lines()
+            .find(|l| l.contains("tcp dport"))
+            .and_then(|l| l.split("map @").nth(1))
+            .map(str::trim)
+        else {
+            return Some(format!("after commit {commits}: no tcp rule in\n{chain}"));
+        };
+        // web's endpoints are written first, the last Service's last.
+        ["{ 10.96.0.10 . 80 . 0 }", "{ 10.96.23.250 . 80 . 1 }"]
+            .into_iter()
+            .find(|key| !nft(&["get", "element", "ip", "proxyplan", map, key]).status.success())
+            .map(|key| {
+                format!("after commit {commits}: lb-2-masq-nonlocal looks {key} up in {map}, which lacks it")
+            })
+    }));
+    dp.sync(&plan, false)
+        .expect("sync over the previous layout");
+    let transactions = dp.sent().1;
+    assert!(
+        transactions > 2,
+        "one transaction proves no order: {transactions}"
+    );
+    assert_eq!(dp.kernel().probed, Vec::<String>::new());
+    assert_eq!(sorted_lines(&list(&old)), sorted_lines(&new));
+    let mut again = dataplane(&old);
+    assert_eq!(again.sync(&plan, false).expect("restart").payload, "");
 }

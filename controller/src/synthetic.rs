@@ -343,6 +343,50 @@ impl SyntheticCluster {
         })
     }
 
+    /// Adds one endpoint to Service number `service`: a new pod (a fresh IP) on a node
+    /// picked at random, appended to its last slice. Returns that slice. The Service's
+    /// endpoint count grows by one, as in a scale-up or a rollout's surge pod.
+    ///
+    /// # Errors
+    /// When there is no such Service or no pod CIDR has room left.
+    pub fn add_endpoint(&mut self, service: usize) -> Result<EndpointSlice, SyntheticError> {
+        let range = self
+            .slice_ranges
+            .get(service)
+            .cloned()
+            .ok_or(SyntheticError::UnknownService(service))?;
+        let target = self.rng.below(self.nodes.len());
+        let (node, ip) = self
+            .pods
+            .allocate(target)
+            .ok_or(SyntheticError::PodCidrsFull)?;
+        let zone = zone_name(node % self.zones.max(1));
+        let hinted = self.kinds.get(service) == Some(&ServiceKind::ZoneHinted);
+        let slice = &mut self.slices[range.end - 1];
+        slice.endpoints.push(make_endpoint(ip, node, &zone, hinted));
+        Ok(slice.clone())
+    }
+
+    /// Removes the last endpoint of Service number `service`'s last slice that has one
+    /// and returns that slice: its endpoint count shrinks by one, as in a scale-down.
+    ///
+    /// # Errors
+    /// When there is no such Service or it has no endpoint.
+    pub fn remove_endpoint(&mut self, service: usize) -> Result<EndpointSlice, SyntheticError> {
+        let range = self
+            .slice_ranges
+            .get(service)
+            .cloned()
+            .ok_or(SyntheticError::UnknownService(service))?;
+        let index = range
+            .rev()
+            .find(|&i| !self.slices[i].endpoints.is_empty())
+            .ok_or(SyntheticError::NoEndpoint(service))?;
+        let slice = &mut self.slices[index];
+        slice.endpoints.pop();
+        Ok(slice.clone())
+    }
+
     /// The slice and position of the `n`-th endpoint over the slices in `range`.
     fn locate(&self, range: Range<usize>, mut n: usize) -> (usize, usize) {
         for index in range.clone() {
@@ -844,6 +888,40 @@ mod tests {
         );
         assert_eq!(
             cluster.move_endpoint(10_000).err(),
+            Some(SyntheticError::UnknownService(10_000))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn adding_and_removing_an_endpoint_changes_the_count_by_one() -> Result<(), SyntheticError> {
+        let mut cluster = SyntheticCluster::generate(&small())?;
+        let count = |c: &SyntheticCluster| -> usize {
+            c.slices_of(5).iter().map(|s| s.endpoints.len()).sum()
+        };
+        let before = cluster.slices_of(5).to_vec();
+        let grown = cluster.add_endpoint(5)?;
+        assert_eq!(count(&cluster), 8);
+        assert_eq!(grown.endpoints[..7], before[0].endpoints[..]);
+        let added = placement_of(&grown.endpoints[7]).ok_or(SyntheticError::NoEndpoint(5))?;
+        assert!(
+            before[0]
+                .endpoints
+                .iter()
+                .all(|ep| placement_of(ep).map(|p| p.ip) != Some(added.ip))
+        );
+        let shrunk = cluster.remove_endpoint(5)?;
+        assert_eq!(shrunk, before[0]);
+        for _ in 0..7 {
+            cluster.remove_endpoint(5)?;
+        }
+        assert_eq!(count(&cluster), 0);
+        assert_eq!(
+            cluster.remove_endpoint(5).err(),
+            Some(SyntheticError::NoEndpoint(5))
+        );
+        assert_eq!(
+            cluster.add_endpoint(10_000).err(),
             Some(SyntheticError::UnknownService(10_000))
         );
         Ok(())

@@ -122,7 +122,7 @@ pub enum NftModelError {
     /// A set, map or chain of the table that does not read as one.
     #[error("{object}: {reason}")]
     Object {
-        /// What it is (`map backends-tcp`).
+        /// What it is (`map backends-tcp-2`).
         object: String,
         /// What is wrong with it.
         reason: String,
@@ -1866,14 +1866,14 @@ mod tests {
         elements(&mut listing, "service-ips").push(serde_json::json!(
             [{"concat": ["10.96.0.10", "udp", 53]}, {"goto": {"target": "lb-2-masq-nonlocal"}}]
         ));
-        let udp = elements(&mut listing, "backends-udp");
+        let udp = elements(&mut listing, "backends-udp-2-masq-nonlocal");
         for (slot, ep) in [(0, "10.244.1.53"), (1, "10.244.2.53")] {
             udp.push(serde_json::json!(
                 [{"concat": ["10.96.0.10", 53, slot]}, {"concat": [ep, 5353]}]
             ));
         }
         // Slot 2 of a Service balanced `mod 2`: left over, never picked.
-        elements(&mut listing, "backends-tcp").push(serde_json::json!(
+        elements(&mut listing, "backends-tcp-2-masq-nonlocal").push(serde_json::json!(
             [{"concat": ["10.96.0.10", 80, 2]}, {"concat": ["10.9.9.9", 1]}]
         ));
         let view = parse(&listing.to_string()).unwrap();
@@ -1920,7 +1920,7 @@ mod tests {
         let mut listing = fixture();
         // Slot 1 of web gone: a pick of 1 falls through, untranslated, to the reject of
         // cluster-ips-check.
-        elements(&mut listing, "backends-tcp")
+        elements(&mut listing, "backends-tcp-2-masq-nonlocal")
             .retain(|e| e[0]["concat"] != serde_json::json!(["10.96.0.10", 80, 1]));
         let err = parse(&listing.to_string()).unwrap_err();
         assert!(
@@ -1979,7 +1979,7 @@ mod tests {
             }
         }
         elements(&mut listing, "service-ips").extend(ips);
-        elements(&mut listing, "backends-tcp").extend(backends);
+        elements(&mut listing, "backends-tcp-2-masq-nonlocal").extend(backends);
         let started = std::time::Instant::now();
         let view = parse(&listing.to_string()).unwrap();
         println!("10,000 Services read in {:?}", started.elapsed());

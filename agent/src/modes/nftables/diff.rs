@@ -176,15 +176,20 @@ impl Against<'_, '_> {
         }
     }
 
-    fn dest(&mut self, dest: &Dest, value: &DestValue) {
+    /// A destination's element in its verdict map.
+    fn verdict(&mut self, dest: &Dest, value: &DestValue) {
         self.element(
             dest.map.name(),
             &dest.key(),
             Some(&Data::Verdict(value.verdict.clone())),
         );
-        if value.shared.is_some() {
+    }
+
+    /// The endpoints behind a destination, in its shared chain's maps.
+    fn backends(&mut self, dest: &Dest, value: &DestValue) {
+        if let Some(shared) = value.shared {
             for (slot, (ip, port)) in (0u32..).zip(&value.backends) {
-                let (map, key) = dest.backend_key(slot);
+                let (map, key) = dest.backend_key(shared, slot);
                 self.element(&map, &key, Some(&Data::Value(addr_port_bytes(*ip, *port))));
             }
         }
@@ -266,6 +271,13 @@ pub fn full(
         state.use_shared(*shared);
     }
     drop(owner_shared);
+    let mut shared_keys: Vec<SharedChain> = state.shared.keys().copied().collect();
+    shared_keys.sort();
+    let shared_sets: Vec<SetDef> = shared_keys
+        .iter()
+        .flat_map(|c| layout::shared_sets(*c))
+        .collect();
+    own_sets.extend(shared_sets.iter().map(|s| (s.name.clone(), s.kind)));
     let fixed_chains = layout::fixed_chains(&ctx);
     if held.exists && !compatible(family, held, &own_sets, &fixed_chains) {
         tracing::warn!(
@@ -288,21 +300,19 @@ pub fn full(
         kept_chains: HashSet::new(),
         kept_sets: HashSet::new(),
     };
-    for set in layout::fixed_sets() {
-        to.set(&set);
+    for set in layout::fixed_sets().iter().chain(&shared_sets) {
+        to.set(set);
     }
+    drop(shared_sets);
     // Chains first, rules after: a rule may jump to a chain created after its own.
-    let shared: Vec<ChainDef> = {
-        let mut keys: Vec<SharedChain> = state.shared.keys().copied().collect();
-        keys.sort();
-        keys.into_iter()
-            .map(|c| layout::shared_chain(c, &ctx))
-            .collect()
-    };
+    let shared: Vec<ChainDef> = shared_keys
+        .into_iter()
+        .map(|c| layout::shared_chain(c, &ctx))
+        .collect();
     for chain in fixed_chains.iter().chain(&shared) {
         to.declare(chain);
     }
-    for chain in shared.iter().chain(&fixed_chains) {
+    for chain in &fixed_chains {
         to.rules(chain);
     }
     // The destinations go last. A verdict map element is what makes an entry's chains
@@ -351,8 +361,18 @@ pub fn full(
         state.entries += 1;
         to.sink.boundary()?;
     }
+    // The shared chains' maps are filled before their rules are written: a table of an
+    // agent that looked all endpoints up in one map per protocol keeps sending traffic
+    // through its chains' old rules until the new ones find every endpoint in place.
     for (dest, value) in &links {
-        to.dest(dest, value);
+        to.backends(dest, value);
+        to.sink.boundary()?;
+    }
+    for chain in &shared {
+        to.rules(chain);
+    }
+    for (dest, value) in &links {
+        to.verdict(dest, value);
         to.sink.boundary()?;
     }
     drop(links);
@@ -415,7 +435,13 @@ pub fn rewrite(
     for shared in state.shared.keys() {
         wanted_chain(layout::shared_chain(*shared, ctx), &mut chain_rules);
     }
-    let fixed: HashSet<String> = layout::fixed_sets().into_iter().map(|s| s.name).collect();
+    // The sets whose elements come from every entry: the fixed ones and the shared
+    // chains' maps.
+    let fixed: HashSet<String> = layout::fixed_sets()
+        .into_iter()
+        .chain(state.shared.keys().flat_map(|c| layout::shared_sets(*c)))
+        .map(|s| s.name)
+        .collect();
     // Each set's elements, once it is known to be wanted (a dynamic set: none to write).
     let mut set_elements: BTreeMap<&str, Option<Vec<Element>>> = sets
         .iter()
@@ -476,9 +502,9 @@ pub fn rewrite(
                 if state.owner(&dest) != Some(hash) {
                     continue;
                 }
-                if value.shared.is_some() {
+                if let Some(shared) = value.shared {
                     for (slot, (ip, port)) in (0u32..).zip(&value.backends) {
-                        let (map, key) = dest.backend_key(slot);
+                        let (map, key) = dest.backend_key(shared, slot);
                         add(&map, key, Some(Data::Value(addr_port_bytes(*ip, *port))));
                     }
                 }
@@ -680,23 +706,38 @@ fn diff_dest(
         ov.as_ref().map(Some),
         nv.as_ref().map(Some),
     );
-    let backends = |v: Option<&DestValue>| -> Vec<(IpAddr, u16)> {
-        v.filter(|v| v.shared.is_some())
-            .map(|v| v.backends.clone())
-            .unwrap_or_default()
-    };
-    let (ob, nb) = (backends(old), backends(new));
-    for slot in 0..ob.len().max(nb.len()) {
-        let data = |list: &[(IpAddr, u16)]| {
-            list.get(slot)
-                .map(|(ip, port)| Data::Value(addr_port_bytes(*ip, *port)))
-        };
-        let (od, nd) = (data(&ob), data(&nb));
-        if od == nd {
-            continue;
+    // The endpoints behind it, in its shared chain's maps: slot by slot when the chain
+    // stays, all of them moved when it changes (the count or the masquerading did).
+    fn backends(v: Option<&DestValue>) -> Option<(SharedChain, &[(IpAddr, u16)])> {
+        v.and_then(|v| Some((v.shared?, v.backends.as_slice())))
+    }
+    let data = |(ip, port): &(IpAddr, u16)| Data::Value(addr_port_bytes(*ip, *port));
+    match (backends(old), backends(new)) {
+        (Some((os, ob)), Some((ns, nb))) if os == ns => {
+            for slot in 0..ob.len().max(nb.len()) {
+                let (od, nd) = (ob.get(slot).map(data), nb.get(slot).map(data));
+                if od != nd {
+                    let (map, key) = dest.backend_key(ns, slot as u32);
+                    out.change(&map, key, od.as_ref().map(Some), nd.as_ref().map(Some));
+                }
+            }
         }
-        let (map, key) = dest.backend_key(slot as u32);
-        out.change(&map, key, od.as_ref().map(Some), nd.as_ref().map(Some));
+        (before, after) => {
+            for (shared, list, now) in [(before, false), (after, true)]
+                .into_iter()
+                .filter_map(|(b, now)| b.map(|(s, l)| (s, l, now)))
+            {
+                for (slot, endpoint) in (0u32..).zip(list) {
+                    let (map, key) = dest.backend_key(shared, slot);
+                    let d = data(endpoint);
+                    if now {
+                        out.change(&map, key, None, Some(Some(&d)));
+                    } else {
+                        out.change(&map, key, Some(Some(&d)), None);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -796,11 +837,17 @@ pub fn update(
             && state.unuse_shared(s)
         {
             stale.chains.insert(s.name());
+            stale
+                .sets
+                .extend(layout::shared_sets(s).into_iter().map(|set| set.name));
         }
     }
-    // A shared chain that went and came back in this sync stays.
+    // A shared chain that went and came back in this sync stays, with its maps.
     for s in &new_shared {
         stale.chains.remove(&s.name());
+        for set in layout::shared_sets(*s) {
+            stale.sets.remove(&set.name);
+        }
     }
     let new_shared: Vec<SharedChain> = new_shared
         .into_iter()
@@ -930,8 +977,12 @@ pub fn update(
         .iter()
         .map(|s| layout::shared_chain(*s, &ctx))
         .collect();
-    for set in &new_sets {
-        sink.add_set(set);
+    for set in new_shared
+        .iter()
+        .flat_map(|s| layout::shared_sets(*s))
+        .chain(new_sets)
+    {
+        sink.add_set(&set);
     }
     for chain in shared_defs.iter().chain(&new_chains) {
         sink.add_chain(&ChainDef {

@@ -5,7 +5,7 @@
 //! ```text
 //! nat-prerouting, nat-output ─▶ services: ip daddr . proto . port vmap @service-ips
 //!                                         node-port addresses: proto . port vmap @service-nodeports
-//!     service-ips ─▶ goto lb-N[-masq…]: dnat to ip daddr . th dport . numgen random mod N map @backends-P
+//!     service-ips ─▶ goto lb-N[-masq…]: dnat to ip daddr . th dport . numgen random mod N map @backends-P-N[-masq…]
 //!                 └▶ goto service-…/external-… (ClientIP affinity, Local policy): own chains and maps
 //! nat-postrouting ─▶ masquerading: hairpin → mark; marked → masquerade
 //! filter-*-pre-dnat (−110) ─▶ firewall-check: @firewall-ips → firewall-… (source ranges)
@@ -430,7 +430,7 @@ fn jump(chain: &str) -> Rule {
 /// The sets and maps every table has.
 #[must_use]
 pub fn fixed_sets() -> Vec<SetDef> {
-    let mut sets = vec![
+    vec![
         SetDef::new(names::SERVICE_IPS, SetKind::VerdictByAddress),
         SetDef::new(names::SERVICE_NODEPORTS, SetKind::VerdictByPort),
         SetDef::new(names::NO_ENDPOINT_SERVICES, SetKind::VerdictByAddress),
@@ -438,18 +438,22 @@ pub fn fixed_sets() -> Vec<SetDef> {
         SetDef::new(names::FIREWALL_IPS, SetKind::VerdictByAddress),
         SetDef::new(names::CLUSTER_IPS, SetKind::Addresses),
         SetDef::new(names::HAIRPIN, SetKind::Hairpin),
-    ];
-    for p in names::PROTOCOLS {
-        sets.push(SetDef::new(
-            names::backends(p),
-            SetKind::BackendsByAddress(p),
-        ));
-        sets.push(SetDef::new(
-            names::nodeport_backends(p),
-            SetKind::BackendsByPort(p),
-        ));
-    }
-    sets
+    ]
+}
+
+/// The maps of a shared balancing chain, one per protocol.
+#[must_use]
+pub fn shared_sets(shared: SharedChain) -> Vec<SetDef> {
+    names::PROTOCOLS
+        .iter()
+        .map(|&p| {
+            let kind = match shared.balance {
+                Balance::Address => SetKind::BackendsByAddress(p),
+                Balance::NodePort => SetKind::BackendsByPort(p),
+            };
+            SetDef::new(shared.backends(p), kind)
+        })
+        .collect()
 }
 
 /// The chains every table has, with their rules.
@@ -624,11 +628,11 @@ pub fn shared_chain(shared: SharedChain, ctx: &FamilyContext) -> ChainDef {
     for p in names::PROTOCOLS {
         let action = match shared.balance {
             Balance::Address => Action::DnatByDestination {
-                map: names::backends(p),
+                map: shared.backends(p),
                 modulus: shared.endpoints,
             },
             Balance::NodePort => Action::DnatByPort {
-                map: names::nodeport_backends(p),
+                map: shared.backends(p),
                 modulus: shared.endpoints,
             },
         };

@@ -72,18 +72,6 @@ pub fn proto_number(p: Protocol) -> u8 {
     p.number()
 }
 
-/// `ip . port . slot : endpoint`: the endpoints behind each service address.
-#[must_use]
-pub fn backends(proto: u8) -> String {
-    format!("backends-{}", proto_word(proto))
-}
-
-/// `port . slot : endpoint`: the endpoints behind each node port.
-#[must_use]
-pub fn nodeport_backends(proto: u8) -> String {
-    format!("nodeport-backends-{}", proto_word(proto))
-}
-
 /// How a shared balancing chain marks for masquerade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Masquerade {
@@ -95,12 +83,23 @@ pub enum Masquerade {
     All,
 }
 
+impl Masquerade {
+    /// What the names of its shared chains and their maps end with.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::NotLocal => "-masq-nonlocal",
+            Self::All => "-masq",
+        }
+    }
+}
+
 /// Whether a shared balancing chain picks by service address or by node port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Balance {
-    /// `ip daddr . th dport . slot` in `backends-*`.
+    /// `ip daddr . th dport . slot` in `backends-*` maps.
     Address,
-    /// `th dport . slot` in `nodeport-backends-*`.
+    /// `th dport . slot` in `nodeport-backends-*` maps.
     NodePort,
 }
 
@@ -125,12 +124,31 @@ impl SharedChain {
             Balance::Address => "lb",
             Balance::NodePort => "nodeport-lb",
         };
-        let suffix = match self.masquerade {
-            Masquerade::None => "",
-            Masquerade::NotLocal => "-masq-nonlocal",
-            Masquerade::All => "-masq",
-        };
+        let suffix = self.masquerade.suffix();
         format!("{prefix}-{}{suffix}", self.endpoints)
+    }
+
+    /// The map its DNAT rule for protocol `proto` looks up: `ip . port . slot :
+    /// endpoint` by address (`backends-tcp-3-masq` for `lb-3-masq`), `port . slot :
+    /// endpoint` by node port (`nodeport-backends-tcp-3-masq`).
+    ///
+    /// Each shared chain has maps of its own. A rule that looks a map up is checked by
+    /// nf_tables against every element the map holds when the rule is added, so a chain
+    /// made for a new endpoint count over one map shared by all Services walked all of
+    /// them (45 ms at 320,000 endpoints, each time a Service's count first reached a new
+    /// value). A new chain's maps are empty when its rules are added.
+    #[must_use]
+    pub fn backends(&self, proto: u8) -> String {
+        let prefix = match self.balance {
+            Balance::Address => "",
+            Balance::NodePort => "nodeport-",
+        };
+        let suffix = self.masquerade.suffix();
+        format!(
+            "{prefix}backends-{}-{}{suffix}",
+            proto_word(proto),
+            self.endpoints
+        )
     }
 
     /// The chain called `name`, if it is a shared one.

@@ -5,9 +5,10 @@
 //! policy; what to masquerade, reject or drop is read from the plan.
 //!
 //! An ordinary entry (Cluster policies, no affinity) owns no chain: its destinations
-//! `goto` a shared `lb-N…` chain, which DNATs by looking its destination up in
-//! `backends-P` (`ip . port . slot : endpoint`), so an endpoint change is a change of
-//! map elements only.
+//! `goto` a shared `lb-N…` chain, which DNATs by looking its destination up in that
+//! chain's `backends-P-N…` map (`ip . port . slot : endpoint`), so an endpoint change
+//! is a change of map elements only (and of the destination's element when the count
+//! changes: it then goes to another chain, its endpoints to that chain's map).
 
 use std::net::IpAddr;
 
@@ -80,20 +81,15 @@ impl Dest {
         key
     }
 
-    /// The map and key of the endpoint in `slot` behind this destination, when a
-    /// shared chain balances it.
+    /// The map and key of the endpoint in `slot` behind this destination, when the
+    /// shared chain `shared` balances it.
     #[must_use]
-    pub fn backend_key(&self, slot: u32) -> (String, Vec<u8>) {
+    pub fn backend_key(&self, shared: SharedChain, slot: u32) -> (String, Vec<u8>) {
         let mut key = self.addr.map(addr_bytes).unwrap_or_default();
         key.extend_from_slice(&self.port.to_be_bytes());
         key.extend_from_slice(&[0, 0]);
         key.extend_from_slice(&slot.to_ne_bytes());
-        let map = if self.addr.is_some() {
-            names::backends(self.proto)
-        } else {
-            names::nodeport_backends(self.proto)
-        };
-        (map, key)
+        (shared.backends(self.proto), key)
     }
 }
 
