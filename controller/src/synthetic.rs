@@ -302,11 +302,7 @@ impl SyntheticCluster {
     /// # Errors
     /// When there is no such Service, it has no endpoint, or no pod CIDR has room left.
     pub fn move_endpoint(&mut self, service: usize) -> Result<EndpointChange, SyntheticError> {
-        let range = self
-            .slice_ranges
-            .get(service)
-            .cloned()
-            .ok_or(SyntheticError::UnknownService(service))?;
+        let range = self.range_of(service)?;
         let total: usize = self.slices[range.clone()]
             .iter()
             .map(|s| s.endpoints.len())
@@ -323,24 +319,45 @@ impl SyntheticCluster {
         if node_count > 1 && node_name(target) == removed.node {
             target = (target + 1) % node_count;
         }
+        let (endpoint, added) = self.new_endpoint(service, target)?;
+        let slice = &mut self.slices[slice_index];
+        slice.endpoints[position] = endpoint;
+        Ok(EndpointChange {
+            service,
+            slice: slice.clone(),
+            removed,
+            added,
+        })
+    }
+
+    /// The slices of Service number `service`.
+    fn range_of(&self, service: usize) -> Result<Range<usize>, SyntheticError> {
+        self.slice_ranges
+            .get(service)
+            .cloned()
+            .ok_or(SyntheticError::UnknownService(service))
+    }
+
+    /// A new pod (a fresh IP) for Service number `service` on node number `target`
+    /// (or the next with room), hinted to its zone when the Service is zone-hinted.
+    fn new_endpoint(
+        &mut self,
+        service: usize,
+        target: usize,
+    ) -> Result<(Endpoint, EndpointPlacement), SyntheticError> {
         let (node, ip) = self
             .pods
             .allocate(target)
             .ok_or(SyntheticError::PodCidrsFull)?;
         let zone = zone_name(node % self.zones.max(1));
         let hinted = self.kinds.get(service) == Some(&ServiceKind::ZoneHinted);
-        let slice = &mut self.slices[slice_index];
-        slice.endpoints[position] = make_endpoint(ip, node, &zone, hinted);
-        Ok(EndpointChange {
-            service,
-            slice: slice.clone(),
-            removed,
-            added: EndpointPlacement {
-                ip,
-                node: node_name(node),
-                zone,
-            },
-        })
+        let endpoint = make_endpoint(ip, node, &zone, hinted);
+        let placement = EndpointPlacement {
+            ip,
+            node: node_name(node),
+            zone,
+        };
+        Ok((endpoint, placement))
     }
 
     /// Adds one endpoint to Service number `service`: a new pod (a fresh IP) on a node
@@ -350,20 +367,11 @@ impl SyntheticCluster {
     /// # Errors
     /// When there is no such Service or no pod CIDR has room left.
     pub fn add_endpoint(&mut self, service: usize) -> Result<EndpointSlice, SyntheticError> {
-        let range = self
-            .slice_ranges
-            .get(service)
-            .cloned()
-            .ok_or(SyntheticError::UnknownService(service))?;
+        let range = self.range_of(service)?;
         let target = self.rng.below(self.nodes.len());
-        let (node, ip) = self
-            .pods
-            .allocate(target)
-            .ok_or(SyntheticError::PodCidrsFull)?;
-        let zone = zone_name(node % self.zones.max(1));
-        let hinted = self.kinds.get(service) == Some(&ServiceKind::ZoneHinted);
+        let (endpoint, _) = self.new_endpoint(service, target)?;
         let slice = &mut self.slices[range.end - 1];
-        slice.endpoints.push(make_endpoint(ip, node, &zone, hinted));
+        slice.endpoints.push(endpoint);
         Ok(slice.clone())
     }
 
@@ -373,11 +381,7 @@ impl SyntheticCluster {
     /// # Errors
     /// When there is no such Service or it has no endpoint.
     pub fn remove_endpoint(&mut self, service: usize) -> Result<EndpointSlice, SyntheticError> {
-        let range = self
-            .slice_ranges
-            .get(service)
-            .cloned()
-            .ok_or(SyntheticError::UnknownService(service))?;
+        let range = self.range_of(service)?;
         let index = range
             .rev()
             .find(|&i| !self.slices[i].endpoints.is_empty())
