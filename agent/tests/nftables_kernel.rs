@@ -614,3 +614,15 @@ fn a_table_with_one_map_per_protocol_is_brought_to_maps_per_chain() {
     let mut again = dataplane(&old);
     assert_eq!(again.sync(&plan, false).expect("restart").payload, "");
 }
+
+/// `--mode auto` asks the kernel to check one of each object and expression the
+/// nftables mode writes: this kernel takes them all, and nothing is left behind. (When a
+/// shared chain's rules first looked up maps of their own, the probe did not declare
+/// them: the kernel refused, and every `--mode auto` agent fell back to iptables mode.)
+#[test]
+fn the_auto_mode_probe_passes_on_this_kernel_and_leaves_nothing() {
+    let Some(ns) = netns() else { return };
+    let mut kernel = NetlinkNft::in_netns(&ns.name).expect("netlink");
+    assert_eq!(proxyplan_agent::modes::nftables::probe(&mut kernel), Ok(()));
+    assert_eq!(ns.run(&["nft", "list", "ruleset"]).trim(), "");
+}

@@ -4,7 +4,9 @@
 //! checking only, as `nft --check` does. The kernel runs and validates it, then aborts:
 //! nothing is left behind, and a missing feature is named.
 
-use super::layout::{ChainDef, SetDef, SetKind, fixed_chains, fixed_sets, shared_chain};
+use super::layout::{
+    ChainDef, SetDef, SetKind, fixed_chains, fixed_sets, shared_chain, shared_sets,
+};
 use super::names::{Balance, Masquerade, SharedChain};
 use super::rules::{Action, Match, Rule};
 use super::sink::{kernel_rule, nfproto};
@@ -48,7 +50,13 @@ pub fn probe(kernel: &mut dyn NftKernel) -> Result<(), String> {
         }
         .new_message(),
     );
+    let shared = SharedChain {
+        balance: Balance::Address,
+        masquerade: Masquerade::NotLocal,
+        endpoints: 2,
+    };
     let mut sets = fixed_sets();
+    sets.extend(shared_sets(shared));
     sets.push(SetDef::new(
         "affinity",
         SetKind::Affinity {
@@ -64,14 +72,7 @@ pub fn probe(kernel: &mut dyn NftKernel) -> Result<(), String> {
         tx.push(&set.new_message());
     }
     let mut chains = fixed_chains(&ctx);
-    chains.push(shared_chain(
-        SharedChain {
-            balance: Balance::Address,
-            masquerade: Masquerade::NotLocal,
-            endpoints: 2,
-        },
-        &ctx,
-    ));
+    chains.push(shared_chain(shared, &ctx));
     let ep = std::net::IpAddr::from([10, 244, 1, 10]);
     chains.push(ChainDef {
         name: "special".to_owned(),
