@@ -723,18 +723,16 @@ fn diff_dest(
             }
         }
         (before, after) => {
-            for (shared, list, now) in [(before, false), (after, true)]
-                .into_iter()
-                .filter_map(|(b, now)| b.map(|(s, l)| (s, l, now)))
-            {
+            if let Some((shared, list)) = before {
                 for (slot, endpoint) in (0u32..).zip(list) {
                     let (map, key) = dest.backend_key(shared, slot);
-                    let d = data(endpoint);
-                    if now {
-                        out.change(&map, key, None, Some(Some(&d)));
-                    } else {
-                        out.change(&map, key, Some(Some(&d)), None);
-                    }
+                    out.change(&map, key, Some(Some(&data(endpoint))), None);
+                }
+            }
+            if let Some((shared, list)) = after {
+                for (slot, endpoint) in (0u32..).zip(list) {
+                    let (map, key) = dest.backend_key(shared, slot);
+                    out.change(&map, key, None, Some(Some(&data(endpoint))));
                 }
             }
         }
