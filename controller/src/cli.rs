@@ -142,9 +142,10 @@ struct RunArgs {
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
     /// Minimum time between two syncs (compute and write the plans that changed). 0: a
-    /// change is planned and written as soon as it arrives, and events that arrive during
-    /// a sync go together in the next; a larger value coalesces bursts further, at the
-    /// cost of that much latency for every change in the burst.
+    /// change is planned and written as soon as it arrives, even while earlier writes are
+    /// in flight (a plan being written waits for that write, then its newest content is
+    /// written); a larger value coalesces bursts further, at the cost of that much
+    /// latency for every change in the burst.
     #[arg(long, value_parser = proxyplan_crds::runtime::parse_duration, default_value = "0s")]
     min_sync_interval: Duration,
     /// Address of /metrics.

@@ -1319,6 +1319,79 @@ async fn sync_loop_run_writes_only_while_leading() {
     api.expect_closed().await;
 }
 
+/// A change is written while an earlier change's write is still in flight, not after it
+/// (the API server's latency under load would otherwise queue every change behind the
+/// one before); a second change of the object being written waits for that write and
+/// then writes the newest content.
+#[tokio::test]
+async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
+    let (client, mut api) = ApiServerVerifier::new();
+    let mut sync = sync_loop(client);
+    let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    for input in initial_lists() {
+        inputs_tx.unbounded_send(input).unwrap();
+    }
+    let api_service = mk_service("api", "10.96.0.20");
+    let api_slice = mk_slice("api-abcde", "api", &[("10.244.1.20", "node-a")]);
+    let script = async {
+        leader_tx.send(true).unwrap();
+        serve_full_write(&mut api).await;
+        api.expect_quiet().await;
+
+        // web's pod replaced: its write is held unanswered.
+        inputs_tx
+            .unbounded_send(Input::Slice(Event::Apply(ok(web_slice_moved()))))
+            .unwrap();
+        let mut planner = planned_cluster();
+        planner.apply_slice(&web_slice_moved()).unwrap();
+        let moved = by_name(&planner.all_objects());
+        let held = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&held.body, &moved[WEB_PLAN]);
+
+        // A new Service meanwhile: written at once, beside the held write.
+        inputs_tx
+            .unbounded_send(Input::Service(Event::Apply(ok(api_service.clone()))))
+            .unwrap();
+        inputs_tx
+            .unbounded_send(Input::Slice(Event::Apply(ok(api_slice.clone()))))
+            .unwrap();
+        planner.apply_service(&api_service).unwrap();
+        planner.apply_slice(&api_slice).unwrap();
+        let with_api = by_name(&planner.all_objects());
+        let request = api.expect_apply(&service_plan_apply_uri("api")).await;
+        assert_service_plan_body(&request.body, &with_api["default/api"]);
+        request.echo();
+        api.expect_quiet().await;
+
+        // web changed again while its first write is held: no second write of it yet.
+        inputs_tx
+            .unbounded_send(Input::Slice(Event::Apply(ok(web_slice()))))
+            .unwrap();
+        api.expect_quiet().await;
+
+        // Once the held write is answered, web is written again with its newest content.
+        held.echo();
+        planner.apply_slice(&web_slice()).unwrap();
+        let last = by_name(&planner.all_objects());
+        let request = api.expect_apply(&service_plan_apply_uri("web")).await;
+        assert_service_plan_body(&request.body, &last[WEB_PLAN]);
+        request.echo();
+        api.expect_quiet().await;
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            () = sync.run(Box::pin(inputs_rx), leader_rx) => panic!("the loop ended"),
+            () = script => {}
+        }
+    })
+    .await
+    .expect("scenario timed out");
+    drop(sync);
+    drop(inputs_tx);
+    api.expect_closed().await;
+}
+
 /// As leader, a plan deleted behind the controller's back (the watch reports it) is
 /// written again; a Service plan someone edited (even keeping `spec.revision`, so that
 /// only its content gives it away) is read and replaced whole.

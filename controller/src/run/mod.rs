@@ -29,6 +29,7 @@ use proxyplan_crds::lenient::{Lenient, Projection};
 use proxyplan_crds::runtime::watch_backoff;
 use proxyplan_crds::{MANAGED_BY, MANAGED_BY_LABEL, NodeProxyPlan, ServiceProxyPlan};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
@@ -378,6 +379,20 @@ pub struct SyncLoop {
     /// When to write again after failed writes.
     retry: WriteRetry,
     rollouts: Rollouts,
+    /// Batches of writes in flight.
+    batches: JoinSet<Done>,
+    /// Objects a sync did not write because a batch in flight writes them.
+    deferred: BTreeSet<(Kind, String)>,
+}
+
+/// A batch of writes, done.
+struct Done {
+    report: writer::WriteReport,
+    was_full: bool,
+    /// When its sync started.
+    started: std::time::Instant,
+    /// How long its writes took.
+    writing: Duration,
 }
 
 impl SyncLoop {
@@ -408,6 +423,8 @@ impl SyncLoop {
             last_sync: None,
             retry: WriteRetry::default(),
             rollouts: Rollouts::new(settings.rollout_slow_after, settings.rollout_status),
+            batches: JoinSet::new(),
+            deferred: BTreeSet::new(),
         }
     }
 
@@ -439,7 +456,11 @@ impl SyncLoop {
                     Some(input) => self.handle(input),
                     None => return,
                 },
-                () = sleep_until(due), if due.is_some() => self.sync().await,
+                () = sleep_until(due), if due.is_some() => self.start_sync(),
+                Some(done) = self.batches.join_next(), if !self.batches.is_empty() => match done {
+                    Ok(done) => self.finish(done),
+                    Err(err) => error!(%err, "a batch of writes failed"),
+                },
                 () = sleep_until(rollout_due), if rollout_due.is_some() => {
                     self.write_rollouts().await;
                 }
@@ -646,6 +667,15 @@ impl SyncLoop {
     }
 
     fn observed_rollout(&mut self, plan: &Lenient<ServiceProxyPlan>, revision: &str) {
+        if self
+            .writer
+            .writing(Kind::Service, &qualified(plan), revision)
+        {
+            // This controller's own write, seen before its answer: the answer starts
+            // the rollout (with the write's time), and a spec write leaves the status
+            // as it was.
+            return;
+        }
         let status = plan
             .object
             .as_ref()
@@ -842,7 +872,28 @@ impl SyncLoop {
     }
 
     /// Computes what changed and, as leader, writes it.
+    /// Plans what changed, starts writing it, and waits until every write in flight
+    /// (this sync's and earlier ones') is done.
     pub async fn sync(&mut self) {
+        self.start_sync();
+        self.settle().await;
+    }
+
+    /// Waits for every batch of writes in flight and records what each did.
+    pub async fn settle(&mut self) {
+        while let Some(done) = self.batches.join_next().await {
+            match done {
+                Ok(done) => self.finish(done),
+                Err(err) => error!(%err, "a batch of writes failed"),
+            }
+        }
+    }
+
+    /// Plans what changed and starts writing it, without waiting: the run loop goes on
+    /// taking events and starts the next sync while this one's writes are in flight
+    /// (an object still being written waits for that write). So a change is never
+    /// queued behind another change's writes.
+    pub fn start_sync(&mut self) {
         if !self.leader || !self.synced() {
             // Only the leader writes, and only once every watch has listed: a partial
             // index would delete plans of nodes not listed yet. Nothing is taken from
@@ -898,11 +949,32 @@ impl SyncLoop {
             .compute_seconds
             .observe(started.elapsed().as_secs_f64());
         let was_full = std::mem::take(&mut self.full_reconcile);
-        let writing = std::time::Instant::now();
-        let report = self.writer.write(apply, delete, &self.fence).await;
-        self.metrics
-            .write_seconds
-            .observe(writing.elapsed().as_secs_f64());
+        let batch = self.writer.start(apply, delete);
+        let fence = self.fence.clone();
+        self.batches.spawn(async move {
+            let writing = std::time::Instant::now();
+            let report = batch.run(fence).await;
+            Done {
+                report,
+                was_full,
+                started,
+                writing: writing.elapsed(),
+            }
+        });
+    }
+
+    /// Records what a batch of writes did: the revisions written, metrics, rollouts to
+    /// follow, and what to write again (failed writes, and objects deferred behind a
+    /// batch still in flight).
+    fn finish(&mut self, done: Done) {
+        let Done {
+            report,
+            was_full,
+            started,
+            writing,
+        } = done;
+        self.writer.finish(&report);
+        self.metrics.write_seconds.observe(writing.as_secs_f64());
         for (op, list) in [("apply", &report.applied), ("delete", &report.deleted)] {
             for (kind, _) in list {
                 self.metrics
@@ -922,6 +994,19 @@ impl SyncLoop {
         let now = Instant::now();
         for (plan, revision, version) in &report.service_versions {
             self.rollouts.wrote(plan, revision, version, now);
+        }
+        // Deferred behind a batch that was in flight: written again once none is (the
+        // planner gives their newest content then).
+        self.deferred.extend(report.deferred.iter().cloned());
+        let deferred: Vec<(Kind, String)> = self
+            .deferred
+            .iter()
+            .filter(|(kind, name)| !self.writer.in_flight(*kind, name))
+            .cloned()
+            .collect();
+        for key in deferred {
+            self.deferred.remove(&key);
+            self.repairs.insert(key);
         }
         for err in &report.errors {
             self.metrics
@@ -961,6 +1046,7 @@ impl SyncLoop {
                 applied = report.applied.len(),
                 deleted = report.deleted.len(),
                 unchanged = report.unchanged,
+                deferred = report.deferred.len(),
                 errors = report.errors.len(),
                 abandoned = report.abandoned.len(),
                 full = was_full,

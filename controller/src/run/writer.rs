@@ -11,6 +11,7 @@
 //! apply entry (and status writers) kept in `managedFields`; the next apply owns it all.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -18,6 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxyplan_crds::{NodeProxyPlan, RolloutStatus, ServiceProxyPlan};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
 
 use super::lease::Fence;
 use crate::planner::{DesiredObject, ObjectId};
@@ -95,6 +97,23 @@ pub struct WriteReport {
     /// Service plans written: `namespace/name`, revision, and the `resourceVersion` the
     /// server answered with (the write every node's rollout mark must reach).
     pub service_versions: Vec<(String, String, String)>,
+    /// Objects written, with the revision the server now holds.
+    pub written: Vec<(Kind, String, String)>,
+    /// Objects not written because a batch still in flight writes them: the caller
+    /// writes them again once that batch is done.
+    pub deferred: Vec<(Kind, String)>,
+}
+
+impl WriteReport {
+    /// Every object this batch wrote or tried to write (not the deferred ones).
+    fn attempted(&self) -> impl Iterator<Item = (Kind, String)> + '_ {
+        self.applied
+            .iter()
+            .chain(&self.deleted)
+            .chain(&self.abandoned)
+            .cloned()
+            .chain(self.errors.iter().map(|e| (e.kind, e.name.clone())))
+    }
 }
 
 /// Writes plans, remembering which revision the server holds of each.
@@ -103,6 +122,10 @@ pub struct PlanWriter {
     plans: Api<NodeProxyPlan>,
     observed: HashMap<(Kind, String), String>,
     confirmed: HashMap<(Kind, String), String>,
+    /// Objects a batch is writing: the revision it writes (empty: a deletion).
+    in_flight: HashMap<(Kind, String), String>,
+    /// Writes in flight at once, over every batch.
+    permits: Arc<Semaphore>,
 }
 
 impl PlanWriter {
@@ -114,6 +137,8 @@ impl PlanWriter {
             client,
             observed: HashMap::new(),
             confirmed: HashMap::new(),
+            in_flight: HashMap::new(),
+            permits: Arc::new(Semaphore::new(CONCURRENCY)),
         }
     }
 
@@ -122,10 +147,16 @@ impl PlanWriter {
     /// someone else changed or deleted the object.
     pub fn observe(&mut self, kind: Kind, name: &str, revision: Option<&str>) -> bool {
         let key = (kind, name.to_owned());
-        let diverged = self
-            .confirmed
+        // A batch's own write may be seen before its answer is.
+        let own = self
+            .in_flight
             .get(&key)
-            .is_some_and(|c| Some(c.as_str()) != revision);
+            .is_some_and(|w| Some(w.as_str()) == revision);
+        let diverged = !own
+            && self
+                .confirmed
+                .get(&key)
+                .is_some_and(|c| Some(c.as_str()) != revision);
         match revision {
             Some(rev) => self.observed.insert(key, rev.to_owned()),
             None => self.observed.remove(&key),
@@ -166,155 +197,106 @@ impl PlanWriter {
 
     /// Applies `apply` (skipping objects whose revision the server has) and deletes
     /// `delete` (skipping objects the server does not have), each only while `fence`
-    /// says this replica still holds the Lease. Service plans are written before node
-    /// plans, so an agent seldom sees an overlay before the entry it overrides. An
-    /// object the server answers with other content than desired (someone else's
-    /// fields) is written whole (see the module's documentation).
+    /// says this replica still holds the Lease, and waits for every write: [`Self::start`],
+    /// [`WriteBatch::run`] and [`Self::finish`] in one. Objects with a write of an earlier
+    /// batch still in flight are not written; the report lists them as deferred.
     pub async fn write(
         &mut self,
-        mut apply: Vec<DesiredObject>,
+        apply: Vec<DesiredObject>,
         delete: Vec<(Kind, String)>,
         fence: &Fence,
     ) -> WriteReport {
-        let mut report = WriteReport::default();
+        let batch = self.start(apply, delete);
+        let report = batch.run(fence.clone()).await;
+        self.finish(&report);
+        report
+    }
+
+    /// Takes the writes of one sync: skips objects whose revision the server has and
+    /// deletions of objects it does not have, and defers objects that a batch still in
+    /// flight writes (a second write of one object could land before the first and be
+    /// undone by it). The batch owns everything it needs: the caller runs it (and
+    /// others) while it goes on, and hands its report to [`Self::finish`].
+    pub fn start(
+        &mut self,
+        mut apply: Vec<DesiredObject>,
+        delete: Vec<(Kind, String)>,
+    ) -> WriteBatch {
+        let mut unchanged = 0;
+        let mut deferred = Vec::new();
         apply.retain(|o| {
             let key = (kind_of(o), o.qualified_name());
+            if self.in_flight.contains_key(&key) {
+                deferred.push(key);
+                return false;
+            }
             let same = self.observed.get(&key).map(String::as_str) == Some(o.revision());
             if same {
                 self.confirmed.insert(key, o.revision().to_owned());
             }
-            report.unchanged += usize::from(same);
+            unchanged += usize::from(same);
             !same
         });
+        let mut deletes = Vec::new();
+        for key in delete {
+            if self.in_flight.contains_key(&key) {
+                deferred.push(key);
+                continue;
+            }
+            self.confirmed.remove(&key);
+            if self.observed.contains_key(&key) {
+                deletes.push(key);
+            }
+        }
+        for o in &apply {
+            self.in_flight
+                .insert((kind_of(o), o.qualified_name()), o.revision().to_owned());
+        }
+        for key in &deletes {
+            self.in_flight.insert(key.clone(), String::new());
+        }
         let (services, plans): (Vec<_>, Vec<_>) =
             apply.into_iter().partition(|o| kind_of(o) == Kind::Service);
-        for batch in [services, plans] {
-            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| self.apply_one(o, fence)))
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await;
-            for result in results {
-                match result {
-                    Ok((kind, name, revision, size, version)) => {
-                        report.largest_object = report.largest_object.max(size);
-                        if let (Kind::Service, Some(version)) = (kind, version) {
-                            report
-                                .service_versions
-                                .push((name.clone(), revision.clone(), version));
-                        }
-                        self.observed.insert((kind, name.clone()), revision.clone());
-                        self.confirmed.insert((kind, name.clone()), revision);
-                        report.applied.push((kind, name));
-                    }
-                    Err(((kind, name), WriteFailure::Api(source))) => {
-                        report.errors.push(WriteError {
-                            op: "apply",
-                            kind,
-                            name,
-                            source,
-                        });
-                    }
-                    Err(((kind, name), WriteFailure::NotLeader)) => {
-                        report.abandoned.push((kind, name));
-                    }
-                }
-            }
-        }
-        for key in &delete {
-            self.confirmed.remove(key);
-        }
-        let delete: Vec<_> = delete
-            .into_iter()
-            .filter(|key| self.observed.contains_key(key))
-            .collect();
-        let results: Vec<_> = stream::iter(
-            delete
-                .into_iter()
-                .map(|(kind, name)| self.delete_one(kind, name, fence)),
-        )
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
-        for result in results {
-            match result {
-                Ok((kind, name)) => {
-                    self.observed.remove(&(kind, name.clone()));
-                    report.deleted.push((kind, name));
-                }
-                Err(((kind, name), WriteFailure::NotLeader)) => {
-                    report.abandoned.push((kind, name));
-                }
-                Err(((kind, name), WriteFailure::Api(source))) => {
-                    report.errors.push(WriteError {
-                        op: "delete",
-                        kind,
-                        name,
-                        source,
-                    });
-                }
-            }
-        }
-        report.applied.sort();
-        report.deleted.sort();
-        report
-    }
-
-    async fn apply_one(
-        &self,
-        object: DesiredObject,
-        fence: &Fence,
-    ) -> Result<(Kind, String, String, usize, Option<String>), ((Kind, String), WriteFailure)> {
-        let kind = kind_of(&object);
-        let name = object.qualified_name();
-        let revision = object.revision().to_owned();
-        let (size, result) = match &object {
-            DesiredObject::Plan(p) => (
-                json_size(p),
-                write_exact(&self.plans, p, &revision, content_revision_of_plan, fence).await,
-            ),
-            DesiredObject::Service(s) => (
-                json_size(s),
-                write_exact(
-                    &self.services(s.metadata.namespace.as_deref().unwrap_or_default()),
-                    s,
-                    &revision,
-                    content_revision_of_service_plan,
-                    fence,
-                )
-                .await,
-            ),
-        };
-        match result {
-            Ok(version) => Ok((kind, name, revision, size, version)),
-            Err(err) => Err(((kind, name), err)),
+        WriteBatch {
+            client: self.client.clone(),
+            plans_api: self.plans.clone(),
+            permits: self.permits.clone(),
+            services,
+            plans,
+            delete: deletes,
+            unchanged,
+            deferred,
         }
     }
 
-    async fn delete_one(
-        &self,
-        kind: Kind,
-        name: String,
-        fence: &Fence,
-    ) -> Result<(Kind, String), ((Kind, String), WriteFailure)> {
-        if !fence.holds() {
-            return Err(((kind, name), WriteFailure::NotLeader));
+    /// Records what a batch from [`Self::start`] did: the revisions the server now holds.
+    pub fn finish(&mut self, report: &WriteReport) {
+        for (kind, name, revision) in &report.written {
+            self.observed
+                .insert((*kind, name.clone()), revision.clone());
+            self.confirmed
+                .insert((*kind, name.clone()), revision.clone());
         }
-        let params = DeleteParams::default();
-        let result = match kind {
-            Kind::Plan => self.plans.delete(&name, &params).await.map(|_| ()),
-            Kind::Service => {
-                let (namespace, short) = name.split_once('/').unwrap_or(("", name.as_str()));
-                self.services(namespace)
-                    .delete(short, &params)
-                    .await
-                    .map(|_| ())
-            }
-        };
-        match result {
-            Ok(()) => Ok((kind, name)),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok((kind, name)),
-            Err(err) => Err(((kind, name), WriteFailure::Api(err))),
+        for key in &report.deleted {
+            self.observed.remove(key);
         }
+        for key in report.attempted() {
+            self.in_flight.remove(&key);
+        }
+    }
+
+    /// Whether a batch is writing this revision of the object.
+    #[must_use]
+    pub fn writing(&self, kind: Kind, name: &str, revision: &str) -> bool {
+        self.in_flight
+            .get(&(kind, name.to_owned()))
+            .is_some_and(|w| w == revision)
+    }
+
+    /// Whether a batch has a write of this object in flight.
+    #[must_use]
+    pub fn in_flight(&self, kind: Kind, name: &str) -> bool {
+        self.in_flight.contains_key(&(kind, name.to_owned()))
     }
 
     fn services(&self, namespace: &str) -> Api<ServiceProxyPlan> {
@@ -349,6 +331,173 @@ impl PlanWriter {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// The writes of one sync, taken by [`PlanWriter::start`]. It owns what it needs, so the
+/// controller goes on planning while it runs: a change that arrives meanwhile is written
+/// by the next batch, beside this one, not after it.
+pub struct WriteBatch {
+    client: kube::Client,
+    plans_api: Api<NodeProxyPlan>,
+    permits: Arc<Semaphore>,
+    services: Vec<DesiredObject>,
+    plans: Vec<DesiredObject>,
+    delete: Vec<(Kind, String)>,
+    unchanged: usize,
+    deferred: Vec<(Kind, String)>,
+}
+
+impl WriteBatch {
+    /// Whether the batch writes nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.plans.is_empty() && self.delete.is_empty()
+    }
+
+    /// Writes: Service plans first, then node plans (so an agent seldom sees an overlay
+    /// before the entry it overrides), then deletions; each only while `fence` holds, at
+    /// most [`CONCURRENCY`] requests in flight over every batch.
+    pub async fn run(mut self, fence: Fence) -> WriteReport {
+        let mut report = WriteReport {
+            unchanged: self.unchanged,
+            deferred: std::mem::take(&mut self.deferred),
+            ..WriteReport::default()
+        };
+        let services = std::mem::take(&mut self.services);
+        let plans = std::mem::take(&mut self.plans);
+        let delete = std::mem::take(&mut self.delete);
+        let this = &self;
+        let fence = &fence;
+        for batch in [services, plans] {
+            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| this.apply_one(o, fence)))
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            for result in results {
+                match result {
+                    Ok((kind, name, revision, size, version)) => {
+                        report.largest_object = report.largest_object.max(size);
+                        if let (Kind::Service, Some(version)) = (kind, version) {
+                            report
+                                .service_versions
+                                .push((name.clone(), revision.clone(), version));
+                        }
+                        report.written.push((kind, name.clone(), revision));
+                        report.applied.push((kind, name));
+                    }
+                    Err(((kind, name), WriteFailure::Api(source))) => {
+                        report.errors.push(WriteError {
+                            op: "apply",
+                            kind,
+                            name,
+                            source,
+                        });
+                    }
+                    Err(((kind, name), WriteFailure::NotLeader)) => {
+                        report.abandoned.push((kind, name));
+                    }
+                }
+            }
+        }
+        let results: Vec<_> = stream::iter(
+            delete
+                .into_iter()
+                .map(|(kind, name)| this.delete_one(kind, name, fence)),
+        )
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+        for result in results {
+            match result {
+                Ok((kind, name)) => report.deleted.push((kind, name)),
+                Err(((kind, name), WriteFailure::NotLeader)) => {
+                    report.abandoned.push((kind, name));
+                }
+                Err(((kind, name), WriteFailure::Api(source))) => {
+                    report.errors.push(WriteError {
+                        op: "delete",
+                        kind,
+                        name,
+                        source,
+                    });
+                }
+            }
+        }
+        report.applied.sort();
+        report.deleted.sort();
+        report
+    }
+
+    async fn apply_one(
+        &self,
+        object: DesiredObject,
+        fence: &Fence,
+    ) -> Result<(Kind, String, String, usize, Option<String>), ((Kind, String), WriteFailure)> {
+        let kind = kind_of(&object);
+        let name = object.qualified_name();
+        let revision = object.revision().to_owned();
+        // The semaphore is never closed.
+        let _permit = self.permits.acquire().await.ok();
+        let (size, result) = match &object {
+            DesiredObject::Plan(p) => (
+                json_size(p),
+                write_exact(
+                    &self.plans_api,
+                    p,
+                    &revision,
+                    content_revision_of_plan,
+                    fence,
+                )
+                .await,
+            ),
+            DesiredObject::Service(s) => (
+                json_size(s),
+                write_exact(
+                    &Api::namespaced(
+                        self.client.clone(),
+                        s.metadata.namespace.as_deref().unwrap_or_default(),
+                    ),
+                    s,
+                    &revision,
+                    content_revision_of_service_plan,
+                    fence,
+                )
+                .await,
+            ),
+        };
+        match result {
+            Ok(version) => Ok((kind, name, revision, size, version)),
+            Err(err) => Err(((kind, name), err)),
+        }
+    }
+
+    async fn delete_one(
+        &self,
+        kind: Kind,
+        name: String,
+        fence: &Fence,
+    ) -> Result<(Kind, String), ((Kind, String), WriteFailure)> {
+        let _permit = self.permits.acquire().await.ok();
+        if !fence.holds() {
+            return Err(((kind, name), WriteFailure::NotLeader));
+        }
+        let params = DeleteParams::default();
+        let result = match kind {
+            Kind::Plan => self.plans_api.delete(&name, &params).await.map(|_| ()),
+            Kind::Service => {
+                let (namespace, short) = name.split_once('/').unwrap_or(("", name.as_str()));
+                Api::<ServiceProxyPlan>::namespaced(self.client.clone(), namespace)
+                    .delete(short, &params)
+                    .await
+                    .map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => Ok((kind, name)),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok((kind, name)),
+            Err(err) => Err(((kind, name), WriteFailure::Api(err))),
+        }
     }
 }
 
