@@ -383,7 +383,12 @@ pub struct SyncLoop {
     batches: JoinSet<Done>,
     /// Objects a sync did not write because a batch in flight writes them.
     deferred: BTreeSet<(Kind, String)>,
+    /// The batch of rollout status writes in flight (one at most).
+    status_writes: JoinSet<RolloutWrites>,
 }
+
+/// Rollout status writes, answered.
+type RolloutWrites = Vec<(rollout::Update, Result<(), writer::WriteFailure>)>;
 
 /// A batch of writes, done.
 struct Done {
@@ -425,6 +430,7 @@ impl SyncLoop {
             rollouts: Rollouts::new(settings.rollout_slow_after, settings.rollout_status),
             batches: JoinSet::new(),
             deferred: BTreeSet::new(),
+            status_writes: JoinSet::new(),
         }
     }
 
@@ -461,9 +467,13 @@ impl SyncLoop {
                     Ok(done) => self.finish(done),
                     Err(err) => error!(%err, "a batch of writes failed"),
                 },
-                () = sleep_until(rollout_due), if rollout_due.is_some() => {
-                    self.write_rollouts().await;
+                () = sleep_until(rollout_due), if rollout_due.is_some() && self.status_writes.is_empty() => {
+                    self.start_rollout_writes();
                 }
+                Some(done) = self.status_writes.join_next(), if !self.status_writes.is_empty() => match done {
+                    Ok(results) => self.finish_rollout_writes(results),
+                    Err(err) => error!(%err, "a batch of rollout status writes failed"),
+                },
                 _ = ticker.tick() => {}
             }
         }
@@ -690,24 +700,32 @@ impl SyncLoop {
         );
     }
 
-    /// Writes the rollout statuses that are due (as leader).
-    async fn write_rollouts(&mut self) {
+    /// Starts writing the rollout statuses that are due (as leader), without waiting:
+    /// a slow API server delays the statuses, never the next change's plans.
+    fn start_rollout_writes(&mut self) {
         let now = Instant::now();
         let (updates, completed) = self.rollouts.updates(now);
         for done in completed {
             self.metrics.rollout_seconds.observe(done.seconds);
         }
-        let writer = &self.writer;
-        let fence = &self.fence;
-        let results: Vec<_> = futures::stream::iter(updates.into_iter().map(|update| async move {
-            let result = writer
-                .write_rollout(&update.plan, &update.status, fence)
-                .await;
-            (update, result)
-        }))
-        .buffer_unordered(16)
-        .collect()
-        .await;
+        let client = self.writer.client();
+        let fence = self.fence.clone();
+        self.status_writes.spawn(async move {
+            let (client, fence) = (&client, &fence);
+            futures::stream::iter(updates.into_iter().map(|update| async move {
+                let result =
+                    writer::write_rollout(client.clone(), &update.plan, &update.status, fence)
+                        .await;
+                (update, result)
+            }))
+            .buffer_unordered(16)
+            .collect()
+            .await
+        });
+    }
+
+    /// Records what a batch of rollout status writes did.
+    fn finish_rollout_writes(&mut self, results: RolloutWrites) {
         let now = Instant::now();
         for (update, result) in results {
             match result {

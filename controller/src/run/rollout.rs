@@ -407,10 +407,13 @@ impl Rollouts {
     /// Writing `update` was refused for good (404: the plan is gone, or the CRD has no
     /// status subresource): its rollout is not written again.
     pub fn gave_up(&mut self, update: &Update) {
-        if let Some(tracked) = self.plans.get_mut(&update.plan) {
+        // (A newer revision written while this write was in flight is followed still.)
+        if let Some(tracked) = self.plans.get_mut(&update.plan)
+            && tracked.revision == update.status.revision
+        {
             tracked.complete = true;
+            self.open.remove(&update.plan);
         }
-        self.open.remove(&update.plan);
     }
 
     /// Writing `update` failed: it is computed again [`REWRITE_EVERY`] later.

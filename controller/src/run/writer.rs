@@ -299,39 +299,41 @@ impl PlanWriter {
         self.in_flight.contains_key(&(kind, name.to_owned()))
     }
 
-    fn services(&self, namespace: &str) -> Api<ServiceProxyPlan> {
-        Api::namespaced(self.client.clone(), namespace)
+    /// The client this writer writes with (for [`write_rollout`]).
+    #[must_use]
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
     }
+}
 
-    /// Writes one Service plan's rollout status (`status` subresource, server-side apply
-    /// of that field alone), while `fence` holds.
-    ///
-    /// # Errors
-    /// When the API server refuses or does not answer, or the Lease may be lost.
-    pub async fn write_rollout(
-        &self,
-        plan: &str,
-        rollout: &RolloutStatus,
-        fence: &Fence,
-    ) -> Result<(), WriteFailure> {
-        if !fence.holds() {
-            return Err(WriteFailure::NotLeader);
-        }
-        let (namespace, name) = plan.split_once('/').unwrap_or(("", plan));
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", proxyplan_crds::GROUP, proxyplan_crds::VERSION),
-            "kind": "ServiceProxyPlan",
-            "status": {"rollout": rollout},
-        });
-        self.services(namespace)
-            .patch_status(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(patch),
-            )
-            .await?;
-        Ok(())
+/// Writes one Service plan's rollout status (`status` subresource, server-side apply of
+/// that field alone), while `fence` holds.
+///
+/// # Errors
+/// When the API server refuses or does not answer, or the Lease may be lost.
+pub async fn write_rollout(
+    client: kube::Client,
+    plan: &str,
+    rollout: &RolloutStatus,
+    fence: &Fence,
+) -> Result<(), WriteFailure> {
+    if !fence.holds() {
+        return Err(WriteFailure::NotLeader);
     }
+    let (namespace, name) = plan.split_once('/').unwrap_or(("", plan));
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", proxyplan_crds::GROUP, proxyplan_crds::VERSION),
+        "kind": "ServiceProxyPlan",
+        "status": {"rollout": rollout},
+    });
+    Api::<ServiceProxyPlan>::namespaced(client, namespace)
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// The writes of one sync, taken by [`PlanWriter::start`]. It owns what it needs, so the
