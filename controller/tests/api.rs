@@ -1178,6 +1178,24 @@ async fn serve_full_write(api: &mut ApiServerVerifier) -> Vec<Value> {
     bodies
 }
 
+/// Runs `sync`'s loop on `inputs` and `leader` until `script` is done (30 s at most),
+/// then stops it.
+async fn run_until_done(
+    mut sync: SyncLoop,
+    inputs: mpsc::UnboundedReceiver<Input>,
+    leader: tokio::sync::watch::Receiver<bool>,
+    script: impl Future<Output = ()>,
+) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            () = sync.run(Box::pin(inputs), leader) => panic!("the loop ended"),
+            () = script => {}
+        }
+    })
+    .await
+    .expect("scenario timed out");
+}
+
 /// A replica that does not hold the Lease writes nothing, even when asked to sync; once
 /// it leads, a sync writes the whole cluster.
 #[tokio::test]
@@ -1279,7 +1297,7 @@ async fn an_api_server_without_service_cidrs_does_not_hold_up_writes() {
 #[tokio::test]
 async fn sync_loop_run_writes_only_while_leading() {
     let (client, mut api) = ApiServerVerifier::new();
-    let mut sync = sync_loop(client);
+    let sync = sync_loop(client);
     let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
     for input in initial_lists() {
@@ -1306,15 +1324,7 @@ async fn sync_loop_run_writes_only_while_leading() {
         request.echo();
         api.expect_quiet().await;
     };
-    tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::select! {
-            () = sync.run(Box::pin(inputs_rx), leader_rx) => panic!("the loop ended"),
-            () = script => {}
-        }
-    })
-    .await
-    .expect("scenario timed out");
-    drop(sync);
+    run_until_done(sync, inputs_rx, leader_rx, script).await;
     drop(inputs_tx);
     api.expect_closed().await;
 }
@@ -1326,7 +1336,7 @@ async fn sync_loop_run_writes_only_while_leading() {
 #[tokio::test]
 async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
     let (client, mut api) = ApiServerVerifier::new();
-    let mut sync = sync_loop(client);
+    let sync = sync_loop(client);
     let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
     for input in initial_lists() {
@@ -1379,15 +1389,7 @@ async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
         request.echo();
         api.expect_quiet().await;
     };
-    tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::select! {
-            () = sync.run(Box::pin(inputs_rx), leader_rx) => panic!("the loop ended"),
-            () = script => {}
-        }
-    })
-    .await
-    .expect("scenario timed out");
-    drop(sync);
+    run_until_done(sync, inputs_rx, leader_rx, script).await;
     drop(inputs_tx);
     api.expect_closed().await;
 }
@@ -1398,7 +1400,7 @@ async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
 #[tokio::test]
 async fn sync_loop_repairs_objects_changed_behind_its_back() {
     let (client, mut api) = ApiServerVerifier::new();
-    let mut sync = sync_loop(client);
+    let sync = sync_loop(client);
     let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
     for input in initial_lists() {
@@ -1447,15 +1449,7 @@ async fn sync_loop_repairs_objects_changed_behind_its_back() {
         put.echo();
         api.expect_quiet().await;
     };
-    tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::select! {
-            () = sync.run(Box::pin(inputs_rx), leader_rx) => panic!("the loop ended"),
-            () = script => {}
-        }
-    })
-    .await
-    .expect("scenario timed out");
-    drop(sync);
+    run_until_done(sync, inputs_rx, leader_rx, script).await;
     drop(inputs_tx);
     api.expect_closed().await;
 }

@@ -55,8 +55,9 @@ use proxyplan_tests::e2e::{forward, kubeconfig};
 use serde_json::json;
 
 use common::{
-    AgentMetrics, Log, Sink, controller_command, count, cpu_seconds, env_or, etcd_fsyncs,
-    list_bytes, metric, ms, print_table, quantile, raw_watch, start_plane, status_kib, unix,
+    AgentMetrics, Log, Sink, controller_command, count, cpu_seconds, env_or, etcd_backend_commits,
+    etcd_fsyncs, list_bytes, metric, ms, print_table, quantile, raw_watch, start_plane, status_kib,
+    unix,
 };
 use procs::{Bins, Spawned};
 
@@ -335,6 +336,7 @@ async fn main() {
     let sync_before = metrics.value("kubeproxy_sync_proxy_rules_duration_seconds_sum");
     let cpu_before = cpu_seconds(apiserver_pid);
     let fsyncs_before = etcd_fsyncs(&workdir.join("cp"));
+    let commits_before = etcd_backend_commits(&workdir.join("cp"));
     for k in 0..changes {
         let service = (k * 7_919 + 13) % services;
         let slice = slice_of(service, k + 1, per_service);
@@ -395,6 +397,7 @@ async fn main() {
     }
     let cpu_after = cpu_seconds(apiserver_pid);
     let fsyncs_after = etcd_fsyncs(&workdir.join("cp"));
+    let commits_after = etcd_backend_commits(&workdir.join("cp"));
     #[allow(clippy::cast_precision_loss)]
     let per_change = |after: f64, before: f64| (after - before) / changes as f64 * 1e3;
     let merge_ms = per_change(
@@ -475,6 +478,15 @@ async fn main() {
                 fsyncs_after.0 - fsyncs_before.0,
                 fsyncs_after.1 - fsyncs_before.1,
                 fsyncs_after.2 - fsyncs_before.2
+            ),
+        ),
+        (
+            "etcd backend commits during the changes: all / over 32 ms / over 64 ms".into(),
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                commits_after.0 - commits_before.0,
+                commits_after.1 - commits_before.1,
+                commits_after.2 - commits_before.2
             ),
         ),
         (
