@@ -1178,6 +1178,34 @@ async fn serve_full_write(api: &mut ApiServerVerifier) -> Vec<Value> {
     bodies
 }
 
+/// A loop to run on channels, its watches' initial lists queued, and its mock API
+/// server; the leader channel says "not leading" until a test says otherwise.
+struct Looped {
+    api: ApiServerVerifier,
+    sync: SyncLoop,
+    inputs_tx: mpsc::UnboundedSender<Input>,
+    inputs_rx: mpsc::UnboundedReceiver<Input>,
+    leader_tx: tokio::sync::watch::Sender<bool>,
+    leader_rx: tokio::sync::watch::Receiver<bool>,
+}
+
+fn looped() -> Looped {
+    let (client, api) = ApiServerVerifier::new();
+    let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    for input in initial_lists() {
+        inputs_tx.unbounded_send(input).unwrap();
+    }
+    Looped {
+        api,
+        sync: sync_loop(client),
+        inputs_tx,
+        inputs_rx,
+        leader_tx,
+        leader_rx,
+    }
+}
+
 /// Runs `sync`'s loop on `inputs` and `leader` until `script` is done (30 s at most),
 /// then stops it.
 async fn run_until_done(
@@ -1296,13 +1324,14 @@ async fn an_api_server_without_service_cidrs_does_not_hold_up_writes() {
 /// has).
 #[tokio::test]
 async fn sync_loop_run_writes_only_while_leading() {
-    let (client, mut api) = ApiServerVerifier::new();
-    let sync = sync_loop(client);
-    let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
-    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
-    for input in initial_lists() {
-        inputs_tx.unbounded_send(input).unwrap();
-    }
+    let Looped {
+        mut api,
+        sync,
+        inputs_tx,
+        inputs_rx,
+        leader_tx,
+        leader_rx,
+    } = looped();
     let script = async {
         api.expect_quiet().await;
         leader_tx.send(true).unwrap();
@@ -1335,13 +1364,14 @@ async fn sync_loop_run_writes_only_while_leading() {
 /// then writes the newest content.
 #[tokio::test]
 async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
-    let (client, mut api) = ApiServerVerifier::new();
-    let sync = sync_loop(client);
-    let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
-    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
-    for input in initial_lists() {
-        inputs_tx.unbounded_send(input).unwrap();
-    }
+    let Looped {
+        mut api,
+        sync,
+        inputs_tx,
+        inputs_rx,
+        leader_tx,
+        leader_rx,
+    } = looped();
     let api_service = mk_service("api", "10.96.0.20");
     let api_slice = mk_slice("api-abcde", "api", &[("10.244.1.20", "node-a")]);
     let script = async {
@@ -1399,13 +1429,14 @@ async fn sync_loop_writes_a_change_beside_a_write_in_flight() {
 /// only its content gives it away) is read and replaced whole.
 #[tokio::test]
 async fn sync_loop_repairs_objects_changed_behind_its_back() {
-    let (client, mut api) = ApiServerVerifier::new();
-    let sync = sync_loop(client);
-    let (inputs_tx, inputs_rx) = mpsc::unbounded::<Input>();
-    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
-    for input in initial_lists() {
-        inputs_tx.unbounded_send(input).unwrap();
-    }
+    let Looped {
+        mut api,
+        sync,
+        inputs_tx,
+        inputs_rx,
+        leader_tx,
+        leader_rx,
+    } = looped();
     let desired = desired_cluster();
 
     let script = async {

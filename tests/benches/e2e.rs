@@ -55,9 +55,9 @@ use proxyplan_tests::e2e::{forward, kubeconfig};
 use serde_json::json;
 
 use common::{
-    AgentMetrics, Log, Sink, controller_command, count, cpu_seconds, env_or, etcd_backend_commits,
-    etcd_fsyncs, list_bytes, metric, ms, print_table, quantile, raw_watch, start_plane, status_kib,
-    unix,
+    AgentMetrics, Log, Sink, controller_command, count, counts_between, cpu_seconds, env_or,
+    etcd_backend_commits, etcd_fsyncs, list_bytes, metric, ms, print_table, quantile, raw_watch,
+    start_plane, status_kib, unix,
 };
 use procs::{Bins, Spawned};
 
@@ -473,21 +473,11 @@ async fn main() {
         ),
         (
             "etcd WAL fsyncs during the changes: all / over 32 ms / over 64 ms".into(),
-            format!(
-                "{:.0} / {:.0} / {:.0}",
-                fsyncs_after.0 - fsyncs_before.0,
-                fsyncs_after.1 - fsyncs_before.1,
-                fsyncs_after.2 - fsyncs_before.2
-            ),
+            counts_between(fsyncs_before, fsyncs_after),
         ),
         (
             "etcd backend commits during the changes: all / over 32 ms / over 64 ms".into(),
-            format!(
-                "{:.0} / {:.0} / {:.0}",
-                commits_after.0 - commits_before.0,
-                commits_after.1 - commits_before.1,
-                commits_after.2 - commits_before.2
-            ),
+            counts_between(commits_before, commits_after),
         ),
         (
             "bytes one agent receives per change (median / max)".into(),

@@ -381,8 +381,6 @@ pub struct SyncLoop {
     rollouts: Rollouts,
     /// Batches of writes in flight.
     batches: JoinSet<Done>,
-    /// Objects a sync did not write because a batch in flight writes them.
-    deferred: BTreeSet<(Kind, String)>,
     /// The batch of rollout status writes in flight (one at most).
     status_writes: JoinSet<RolloutWrites>,
 }
@@ -429,7 +427,6 @@ impl SyncLoop {
             retry: WriteRetry::default(),
             rollouts: Rollouts::new(settings.rollout_slow_after, settings.rollout_status),
             batches: JoinSet::new(),
-            deferred: BTreeSet::new(),
             status_writes: JoinSet::new(),
         }
     }
@@ -463,16 +460,14 @@ impl SyncLoop {
                     None => return,
                 },
                 () = sleep_until(due), if due.is_some() => self.start_sync(),
-                Some(done) = self.batches.join_next(), if !self.batches.is_empty() => match done {
-                    Ok(done) => self.finish(done),
-                    Err(err) => error!(%err, "a batch of writes failed"),
-                },
+                Some(done) = self.batches.join_next(), if !self.batches.is_empty() => self.joined(done),
                 () = sleep_until(rollout_due), if rollout_due.is_some() && self.status_writes.is_empty() => {
                     self.start_rollout_writes();
                 }
                 Some(done) = self.status_writes.join_next(), if !self.status_writes.is_empty() => match done {
                     Ok(results) => self.finish_rollout_writes(results),
-                    Err(err) => error!(%err, "a batch of rollout status writes failed"),
+                    Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                    Err(err) => debug!(%err, "rollout status writes were cancelled"),
                 },
                 _ = ticker.tick() => {}
             }
@@ -900,10 +895,17 @@ impl SyncLoop {
     /// Waits for every batch of writes in flight and records what each did.
     pub async fn settle(&mut self) {
         while let Some(done) = self.batches.join_next().await {
-            match done {
-                Ok(done) => self.finish(done),
-                Err(err) => error!(%err, "a batch of writes failed"),
-            }
+            self.joined(done);
+        }
+    }
+
+    /// Records a batch of writes that ended. A panic in it goes on here, as it did when
+    /// the loop made the writes itself (its objects would otherwise stay in flight).
+    fn joined(&mut self, done: Result<Done, tokio::task::JoinError>) {
+        match done {
+            Ok(done) => self.finish(done),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => debug!(%err, "a batch of writes was cancelled"),
         }
     }
 
@@ -991,7 +993,7 @@ impl SyncLoop {
             started,
             writing,
         } = done;
-        self.writer.finish(&report);
+        let free = self.writer.finish(&report);
         self.metrics.write_seconds.observe(writing.as_secs_f64());
         for (op, list) in [("apply", &report.applied), ("delete", &report.deleted)] {
             for (kind, _) in list {
@@ -1013,19 +1015,9 @@ impl SyncLoop {
         for (plan, revision, version) in &report.service_versions {
             self.rollouts.wrote(plan, revision, version, now);
         }
-        // Deferred behind a batch that was in flight: written again once none is (the
-        // planner gives their newest content then).
-        self.deferred.extend(report.deferred.iter().cloned());
-        let deferred: Vec<(Kind, String)> = self
-            .deferred
-            .iter()
-            .filter(|(kind, name)| !self.writer.in_flight(*kind, name))
-            .cloned()
-            .collect();
-        for key in deferred {
-            self.deferred.remove(&key);
-            self.repairs.insert(key);
-        }
+        // Deferred behind a batch that was in flight: written again now that none is
+        // (the planner gives their newest content).
+        self.repairs.extend(free);
         for err in &report.errors {
             self.metrics
                 .write_errors

@@ -126,6 +126,8 @@ pub struct PlanWriter {
     in_flight: HashMap<(Kind, String), String>,
     /// Writes in flight at once, over every batch.
     permits: Arc<Semaphore>,
+    /// Objects a batch did not write because another batch had them in flight.
+    deferred: BTreeSet<(Kind, String)>,
 }
 
 impl PlanWriter {
@@ -139,6 +141,7 @@ impl PlanWriter {
             confirmed: HashMap::new(),
             in_flight: HashMap::new(),
             permits: Arc::new(Semaphore::new(CONCURRENCY)),
+            deferred: BTreeSet::new(),
         }
     }
 
@@ -208,7 +211,8 @@ impl PlanWriter {
     ) -> WriteReport {
         let batch = self.start(apply, delete);
         let report = batch.run(fence.clone()).await;
-        self.finish(&report);
+        // Nothing else is in flight here, so nothing deferred waits for a later write.
+        let _free = self.finish(&report);
         report
     }
 
@@ -255,6 +259,7 @@ impl PlanWriter {
         for key in &deletes {
             self.in_flight.insert(key.clone(), String::new());
         }
+        self.deferred.extend(deferred.iter().cloned());
         let (services, plans): (Vec<_>, Vec<_>) =
             apply.into_iter().partition(|o| kind_of(o) == Kind::Service);
         WriteBatch {
@@ -270,7 +275,9 @@ impl PlanWriter {
     }
 
     /// Records what a batch from [`Self::start`] did: the revisions the server now holds.
-    pub fn finish(&mut self, report: &WriteReport) {
+    /// Returns the deferred objects no batch has in flight any more: the caller writes
+    /// them again, with their newest content.
+    pub fn finish(&mut self, report: &WriteReport) -> Vec<(Kind, String)> {
         for (kind, name, revision) in &report.written {
             self.observed
                 .insert((*kind, name.clone()), revision.clone());
@@ -283,6 +290,16 @@ impl PlanWriter {
         for key in report.attempted() {
             self.in_flight.remove(&key);
         }
+        let free: Vec<(Kind, String)> = self
+            .deferred
+            .iter()
+            .filter(|key| !self.in_flight.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in &free {
+            self.deferred.remove(key);
+        }
+        free
     }
 
     /// Whether a batch is writing this revision of the object.
@@ -293,17 +310,16 @@ impl PlanWriter {
             .is_some_and(|w| w == revision)
     }
 
-    /// Whether a batch has a write of this object in flight.
-    #[must_use]
-    pub fn in_flight(&self, kind: Kind, name: &str) -> bool {
-        self.in_flight.contains_key(&(kind, name.to_owned()))
-    }
-
     /// The client this writer writes with (for [`write_rollout`]).
     #[must_use]
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
+}
+
+/// The Service plans of `namespace`.
+fn service_plans(client: kube::Client, namespace: &str) -> Api<ServiceProxyPlan> {
+    Api::namespaced(client, namespace)
 }
 
 /// Writes one Service plan's rollout status (`status` subresource, server-side apply of
@@ -326,7 +342,7 @@ pub async fn write_rollout(
         "kind": "ServiceProxyPlan",
         "status": {"rollout": rollout},
     });
-    Api::<ServiceProxyPlan>::namespaced(client, namespace)
+    service_plans(client, namespace)
         .patch_status(
             name,
             &PatchParams::apply(FIELD_MANAGER).force(),
@@ -351,12 +367,6 @@ pub struct WriteBatch {
 }
 
 impl WriteBatch {
-    /// Whether the batch writes nothing.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.plans.is_empty() && self.delete.is_empty()
-    }
-
     /// Writes: Service plans first, then node plans (so an agent seldom sees an overlay
     /// before the entry it overrides), then deletions; each only while `fence` holds, at
     /// most [`CONCURRENCY`] requests in flight over every batch.
@@ -369,10 +379,9 @@ impl WriteBatch {
         let services = std::mem::take(&mut self.services);
         let plans = std::mem::take(&mut self.plans);
         let delete = std::mem::take(&mut self.delete);
-        let this = &self;
         let fence = &fence;
         for batch in [services, plans] {
-            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| this.apply_one(o, fence)))
+            let results: Vec<_> = stream::iter(batch.into_iter().map(|o| self.apply_one(o, fence)))
                 .buffer_unordered(CONCURRENCY)
                 .collect()
                 .await;
@@ -405,7 +414,7 @@ impl WriteBatch {
         let results: Vec<_> = stream::iter(
             delete
                 .into_iter()
-                .map(|(kind, name)| this.delete_one(kind, name, fence)),
+                .map(|(kind, name)| self.delete_one(kind, name, fence)),
         )
         .buffer_unordered(CONCURRENCY)
         .collect()
@@ -456,7 +465,7 @@ impl WriteBatch {
             DesiredObject::Service(s) => (
                 json_size(s),
                 write_exact(
-                    &Api::namespaced(
+                    &service_plans(
                         self.client.clone(),
                         s.metadata.namespace.as_deref().unwrap_or_default(),
                     ),
@@ -489,7 +498,7 @@ impl WriteBatch {
             Kind::Plan => self.plans_api.delete(&name, &params).await.map(|_| ()),
             Kind::Service => {
                 let (namespace, short) = name.split_once('/').unwrap_or(("", name.as_str()));
-                Api::<ServiceProxyPlan>::namespaced(self.client.clone(), namespace)
+                service_plans(self.client.clone(), namespace)
                     .delete(short, &params)
                     .await
                     .map(|_| ())

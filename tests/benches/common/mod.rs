@@ -301,6 +301,17 @@ pub fn etcd_backend_commits(control_plane_dir: &std::path::Path) -> (f64, f64, f
     )
 }
 
+/// What an etcd histogram from [`etcd_fsyncs`] or [`etcd_backend_commits`] counted
+/// between two readings: "all / over 32 ms / over 64 ms".
+pub fn counts_between(before: (f64, f64, f64), after: (f64, f64, f64)) -> String {
+    format!(
+        "{:.0} / {:.0} / {:.0}",
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2
+    )
+}
+
 fn etcd_histogram(control_plane_dir: &std::path::Path, name: &str) -> (f64, f64, f64) {
     let port: u16 = std::fs::read_to_string(control_plane_dir.join("ports"))
         .unwrap_or_default()
